@@ -1,0 +1,86 @@
+"""Token selection and lossless verification, with randomness keyed by (seed, position).
+
+Both sides of a judgement go through the same processing (temperature, then top-k, then top-p), so
+`p` (target) and `q` (draft) are distributions over the same support rules.
+
+Speculative rejection sampling (lossless): the draft x ~ q is accepted with probability
+min(1, p(x)/q(x)); on rejection the correction is drawn from r = normalize(max(0, p - q)). Then
+P(output = y) = q(y)·min(1, p(y)/q(y)) + (1 - Σ_x min(p, q)(x))·r(y)
+             = min(p, q)(y) + (p(y) - min(p, q)(y)) = p(y),
+so the output has exactly the target's distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# Independent random streams per position: one number never serves two purposes.
+STREAM_TARGET, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax); > 0 samples
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set with cumulative probability >= top_p; 1 = off
+    seed: int = 0  # with the position, keys every random number
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def keyed_generator(seed: int, position: int, stream: int) -> torch.Generator:
+    """A generator that depends only on (seed, position, stream): replays are reproducible."""
+    state = np.random.SeedSequence([seed & 0xFFFFFFFF, seed >> 32, position, stream]).generate_state(2, np.uint64)
+    return torch.Generator().manual_seed(int(state[0] >> 1))
+
+
+def process(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits: [V] -> probabilities [V] after temperature, top-k and top-p (float32, on CPU)."""
+    logits = logits.float().cpu() / params.temperature
+    if 0 < params.top_k < logits.numel():
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_p, 0) - sorted_p  # mass strictly before each token
+        drop = order[before >= params.top_p]
+        probs[drop] = 0.0
+        probs /= probs.sum()
+    return probs
+
+
+def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, position: int, stream: int = STREAM_TARGET) -> tuple[int, torch.Tensor | None]:
+    """Pick the token for `position` from logits [V]: argmax, or a keyed sample. Returns (token, probs)."""
+    if params.greedy:
+        return int(torch.argmax(logits)), None
+    probs = process(logits, params)
+    return sample(probs, keyed_generator(params.seed, position, stream)), probs
+
+
+def verify(p: torch.Tensor | None, target_argmax: int, draft: int, q: torch.Tensor | None,
+           params: SamplingParams, position: int) -> tuple[bool, int]:
+    """Judge the draft for `position`. Returns (accepted, committed token).
+
+    greedy: accept iff draft == argmax p; else commit the argmax.
+    sampling: accept with prob min(1, p(x)/q(x)); else commit a sample of normalize(max(0, p - q)).
+    """
+    if params.greedy:
+        return draft == target_argmax, target_argmax
+    u = torch.rand((), generator=keyed_generator(params.seed, position, STREAM_ACCEPT))
+    px, qx = float(p[draft]), float(q[draft])
+    if qx > 0 and u < min(1.0, px / qx):
+        return True, draft
+    residual = torch.clamp(p - q, min=0.0)
+    if residual.sum() <= 0:  # p == q exactly: cannot happen after a rejection, kept for safety
+        residual = p
+    return False, sample(residual / residual.sum(), keyed_generator(params.seed, position, STREAM_RESIDUAL))

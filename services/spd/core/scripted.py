@@ -1,0 +1,49 @@
+"""Scripted drafters for tests and diagnostics (not PDMs): they propose from a known token list.
+
+`ScriptedDrafter(oracle)` proposes oracle[position] (e.g. the target's own greedy output, so every
+judgement accepts); `wrong=True` proposes a token that is never the oracle's (so every judgement
+rejects); `wrong_every=k` is wrong at every k-th position only. They keep the same position
+bookkeeping as the real drafter so the engine drives them identically.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spd.core.drafter import Draft
+from spd.core.sampling import SamplingParams
+
+
+class ScriptedDrafter:
+    def __init__(self, oracle: list[int], vocab_size: int, wrong: bool = False, wrong_every: int = 0):
+        self.oracle, self.vocab_size = oracle, vocab_size
+        self.wrong, self.wrong_every = wrong, wrong_every
+        self.depth: list[int] = []
+
+    @property
+    def length(self) -> int:
+        return len(self.depth)
+
+    def reset(self) -> None:
+        self.depth = []
+
+    def truncate(self, length: int) -> None:
+        self.depth = self.depth[:length]
+
+    def enter(self, position: int, tokens: torch.Tensor) -> None:
+        assert position == self.length, (position, self.length)
+        self.depth.extend([0] * len(tokens))
+
+    def observe(self, position: int, count: int, stage: int, anchors) -> None:
+        pass
+
+    def draft(self, params: SamplingParams) -> Draft:
+        pos = self.length
+        token = self.oracle[pos] if pos < len(self.oracle) else 0
+        if self.wrong or (self.wrong_every and pos % self.wrong_every == 0):
+            token = (token + 1) % self.vocab_size
+        q = None
+        if not params.greedy:
+            q = torch.zeros(self.vocab_size)
+            q[token] = 1.0
+        return Draft(pos, token, q, fill=0)
