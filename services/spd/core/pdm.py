@@ -94,17 +94,21 @@ class PDM(nn.Module):
         return out
 
     def forward(self, g: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache=None) -> torch.Tensor:
-        """g: [Q, w] fused features, positions: [Q] RoPE positions, mask: [1, 1, Q, K] bool or None.
+        """Draft-vocabulary logits for fused features.
 
-        Returns draft-vocabulary logits [Q, V_s]. With `cache`, keys/values of these positions are
-        appended to it (the caller commits or truncates).
+        g: [Q, w] or [B, Q, w]; positions: [Q] or [B, Q] RoPE positions; mask: bool [B|1, 1, Q, K]
+        (True = may attend) or None (attend to everything). Returns [Q, V_s] or [B, Q, V_s]. With
+        `cache` (inference, unbatched), these positions' keys/values are appended to it; the caller
+        commits or truncates.
         """
-        h = g.unsqueeze(0)  # [1, Q, w]
-        pos = positions.unsqueeze(0)  # [1, Q]
+        batched = g.dim() == 3
+        h = g if batched else g.unsqueeze(0)  # [B, Q, w]
+        pos = positions if positions.dim() == 2 else positions.unsqueeze(0)  # [B|1, Q]
         rope = self.rotary(h, pos)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=cache, position_embeddings=rope)
-        return self.head(self.norm(h))[0]
+        logits = self.head(self.norm(h))
+        return logits if batched else logits[0]
 
     def init_head_from(self, lm_head_weight: torch.Tensor) -> None:
         """Start the reduced head from the target's LM head rows of the draft vocabulary."""

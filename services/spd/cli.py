@@ -1,0 +1,27 @@
+"""`spd`: the command line. Each subcommand lives in spd.commands.<name> with add_parser/run."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+COMMANDS = ["generate"]  # module names under spd.commands
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spd", description="Speculative Pipeline Decoding serving system")
+    parser.add_argument("--log-level", default=os.environ.get("SPD_LOG_LEVEL", "WARNING"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f"spd.commands.{name}")
+        module.add_parser(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return args.run(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

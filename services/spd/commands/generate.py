@@ -1,0 +1,87 @@
+"""`spd generate`: one generation with the AR reference, the in-process SPD engine, or a server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from spd.core.engine import SPDEngine
+from spd.core.results import Generation, Stats
+from spd.core.sampling import SamplingParams
+from spd.core.stopping import StopRule, eos_ids_of
+from spd.core.target import ar_stream
+from spd.local import PipelineConfig, build_local
+from spd.text import TextStream, encode_prompt
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text for one prompt")
+    p.add_argument("--prompt", required=True, help="user message (chat template applied unless --raw)")
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--engine", choices=["ar", "local"], default="local",
+                   help="ar: plain autoregressive reference; local: SPD engine in this process")
+    p.add_argument("--address", help="HOST:PORT of an SPD orchestrator (ignores --engine)")
+    p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--n", type=int, default=5, help="pipeline stages")
+    p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L'")
+    p.add_argument("--ls", type=int, default=1, help="layers of a random PDM when no trained one exists")
+    p.add_argument("--draft", help="PDM directory ('random' forces an untrained one)")
+    p.add_argument("--schedule", choices=["pre", "post"], default="pre")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--trace", action="store_true", help="include the per-cycle trace in --json output")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.address:
+        from spd.commands.remote import run_remote  # needs the gRPC stubs only when used
+
+        return run_remote(args)
+    cfg = PipelineConfig(model=args.model, n=1 if args.engine == "ar" else args.n, split=args.split,
+                         draft=args.draft, ls=args.ls, device=args.device, dtype=args.dtype)
+    local = build_local(cfg, with_drafter=args.engine != "ar")
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    stop = StopRule(args.max_tokens, eos_ids_of(local.tokenizer, local.config), tuple(args.stop), local.tokenizer)
+    prompt_ids = encode_prompt(local.tokenizer, args.prompt, raw=args.raw)
+    stats, trace = Stats(n=len(local.stages)), []
+    if args.engine == "ar":
+        tokens = ar_stream(local.stages, prompt_ids, params, stop, stats)
+    else:
+        tokens = SPDEngine(local.stages, local.drafter(), args.schedule, trace=args.trace).stream(
+            prompt_ids, params, stop, stats, trace)
+    text = TextStream(local.tokenizer)
+    ids = []
+    for token in tokens:
+        ids.append(token)
+        if not args.json:
+            sys.stdout.write(text.push(token))
+            sys.stdout.flush()
+    result = Generation(ids, stop.finish_reason(ids) or "length", stats, trace)
+    full = stop.cut_text(local.tokenizer.decode(ids, skip_special_tokens=True))
+    if args.json:
+        out = {"text": full, "token_ids": ids, "finish_reason": result.finish_reason,
+               "engine": args.engine, "stats": stats.as_dict()}
+        if args.trace:
+            out["trace"] = trace
+        print(json.dumps(out))
+    else:
+        sys.stdout.write(text.flush() + "\n")
+        print(_summary(result), file=sys.stderr)
+    return 0
+
+
+def _summary(g: Generation) -> str:
+    s = g.stats
+    rate = (s.generated_tokens - 1) / s.decode_s if s.decode_s else float("nan")
+    alpha = f"{s.alpha:.3f}" if s.alpha is not None else "-"
+    return (f"[{g.finish_reason}] N={s.generated_tokens} K={s.cycles} alpha={alpha} n={s.n} "
+            f"accepts={s.accepts} rejects={s.rejects} prefill={s.prefill_s:.2f}s decode={rate:.1f} tok/s")
