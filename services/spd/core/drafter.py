@@ -82,11 +82,11 @@ class DrafterState:
         depths = self.depth[C:]
         num_eligible = torch.tensor([self._eligible[k] for k in depths])
         g = self.pdm.fuse(self.states[C:T], num_eligible)  # [Q, w]
-        logits = self.pdm(g, torch.arange(C, T), causal_mask(T - C, C, g.device), cache=self.cache)
+        h = self.pdm.hidden(g, torch.arange(C, T), causal_mask(T - C, C, g.device), cache=self.cache)  # [Q, w]
         self.cache.commit()
         done = next((i for i, k in enumerate(depths) if k < n), len(depths))  # leading depth-n positions
         self.cache.truncate(C + done)
-        return self._pick(logits[-1], T, params, fill=len(depths) - done)
+        return self._pick(self.pdm.logits(h[-1]), T, params, fill=len(depths) - done)  # only the newest row
 
     def _pick(self, logits: torch.Tensor, position: int, params: SamplingParams, fill: int) -> Draft:
         """logits: [V_s] over the draft vocabulary -> a target-vocabulary token (and q when sampling)."""

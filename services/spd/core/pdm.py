@@ -101,14 +101,22 @@ class PDM(nn.Module):
         `cache` (inference, unbatched), these positions' keys/values are appended to it; the caller
         commits or truncates.
         """
+        h = self.hidden(g, positions, mask, cache)
+        return self.logits(h)
+
+    def hidden(self, g: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+        """The decoder layers of `forward` (before the final norm): same shapes as g."""
         batched = g.dim() == 3
         h = g if batched else g.unsqueeze(0)  # [B, Q, w]
         pos = positions if positions.dim() == 2 else positions.unsqueeze(0)  # [B|1, Q]
         rope = self.rotary(h, pos)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=cache, position_embeddings=rope)
-        logits = self.head(self.norm(h))
-        return logits if batched else logits[0]
+        return h if batched else h[0]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + reduced head (training applies it to the loss rows only)."""
+        return self.head(self.norm(h))
 
     def init_head_from(self, lm_head_weight: torch.Tensor) -> None:
         """Start the reduced head from the target's LM head rows of the draft vocabulary."""

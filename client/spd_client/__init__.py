@@ -1,0 +1,17 @@
+"""spd_client: the Python SDK of the SPD generation service (see spd_client.client).
+
+Names are imported lazily so that `python -m spd_client.gen_protos` works even when the
+generated stubs in spd_client.v1 are missing or broken.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["Chunk", "Result", "SPDClient", "SPDError", "StreamDivergedError"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module("spd_client.client"), name)
+    raise AttributeError(f"module 'spd_client' has no attribute {name!r}")

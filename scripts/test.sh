@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install everything (idempotent) and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+. .venv/bin/activate
+python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,50 @@
+"""`spd generate --address HOST:PORT`: one generation through a running SPD service, via the SDK."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from spd_client import SPDClient, SPDError
+
+DEFAULT_TIMEOUT_S = 600.0  # deadline of the call when args has no --timeout
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    """Stream the completion to stdout (summary on stderr), or print one JSON object with --json."""
+    params = dict(raw=args.raw, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, seed=args.seed, stop=args.stop)
+    timeout = getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S
+    try:
+        with SPDClient(args.address, timeout=timeout) as client:
+            return _json(client, args.prompt, params) if args.json else _stream(client, args.prompt, params)
+    except SPDError as e:
+        print(f"spd generate: {args.address}: {e.code.name}: {e.details}", file=sys.stderr)
+        return 1
+
+
+def _json(client: SPDClient, prompt: str, params: dict) -> int:
+    r = client.generate(prompt, **params)
+    print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                      "engine": "remote", "stats": r.stats}))
+    return 0
+
+
+def _stream(client: SPDClient, prompt: str, params: dict) -> int:
+    finish, stats = "length", {}
+    for chunk in client.stream(prompt, **params):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        if chunk.finish_reason:
+            finish, stats = chunk.finish_reason, chunk.stats or {}
+    sys.stdout.write("\n")
+    print(_summary(finish, stats), file=sys.stderr)
+    return 0
+
+
+def _summary(finish: str, s: dict) -> str:
+    return (f"[{finish}] N={s.get('generated_tokens', 0)} K={s.get('cycles', 0)} alpha={s.get('alpha', 0.0):.3f} "
+            f"n={s.get('n', 0)} accepts={s.get('accepts', 0)} rejects={s.get('rejects', 0)} "
+            f"flushes={s.get('flushes', 0)} ttft={s.get('ttft_ms', 0.0):.0f}ms "
+            f"decode={s.get('tokens_per_s', 0.0):.1f} tok/s")

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random models (fast, most tests) and the real default model (a few)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spd.core.sampling import SamplingParams
+from spd.core.split import default_anchors, uniform_split
+from spd.core.stopping import StopRule
+from spd.core.target import ar_generate, load_pipeline
+from spd.models.loading import load_config, resolve_model
+from spd.models.tiny import make_tiny_model
+
+torch.set_num_threads(1)  # tiny models gain nothing from threads; CI has 2 cores for several processes
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Factory: tiny_dir(arch, **shape) -> a cached random model directory."""
+    root = tmp_path_factory.mktemp("tiny")
+
+    def make(arch: str = "llama", **kw) -> Path:
+        name = arch + "".join(f"_{k}{v}" for k, v in sorted(kw.items()))
+        kw.setdefault("init_std", 0.5)  # peaked distributions: greedy ties are negligible
+        return make_tiny_model(root / name, arch, **kw)
+
+    return make
+
+
+def pipeline(model_dir: Path, n: int, anchors=None):
+    config = load_config(model_dir)
+    split = uniform_split(config.num_hidden_layers, n)
+    anchors = tuple(anchors) if anchors is not None else default_anchors(split)
+    return config, split, load_pipeline(model_dir, config, split, anchors)
+
+
+def ar_tokens(model_dir: Path, prompt: list[int], max_tokens: int, params=SamplingParams(), eos=frozenset()) -> list[int]:
+    _, _, stages = pipeline(model_dir, 1)
+    return ar_generate(stages, prompt, params, StopRule(max_tokens, eos)).token_ids
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct (converted once into the SPD cache)."""
+    return resolve_model(None)
