@@ -75,11 +75,29 @@ class DrafterState:
         for i in range(position, min(position + T, self.length)):
             self.depth[i] = max(self.depth[i], stage)
 
+    def staircase(self, base: int, s0: int) -> list[int]:
+        """Depths the staircase prescribes for every position (DESIGN §3).
+
+        In-flight positions (>= base, the first token of the current pipeline fill) at offset o from
+        the newest have depth s0 + o (capped at n); everything older has left the pipeline: depth n.
+        """
+        T, n = self.length, self.split.n
+        return [min(n, s0 + T - 1 - i) if i >= base else n for i in range(T)]
+
+    def ready(self, depths: list[int]) -> bool:
+        """Whether every position has been observed at least as deep as `depths` asks."""
+        return len(depths) == self.length and all(seen >= want for seen, want in zip(self.depth, depths))
+
     @torch.inference_mode()
-    def draft(self, params: SamplingParams) -> Draft:
-        """Propose the token after the newest position, from the current staircase."""
+    def draft(self, params: SamplingParams, depths: list[int] | None = None) -> Draft:
+        """Propose the token after the newest position.
+
+        `depths` (one per position) fixes the staircase to use; by default, the depths observed so
+        far (in the lockstep engine these are exactly the staircase). Anchors deeper than asked are
+        ignored, so a distributed drafter drafts exactly what the lockstep engine would.
+        """
         n, C, T = self.split.n, self.cache.length, self.length
-        depths = self.depth[C:]
+        depths = (depths if depths is not None else self.depth)[C:]
         num_eligible = torch.tensor([self._eligible[k] for k in depths])
         g = self.pdm.fuse(self.states[C:T], num_eligible)  # [Q, w]
         h = self.pdm.hidden(g, torch.arange(C, T), causal_mask(T - C, C, g.device), cache=self.cache)  # [Q, w]

@@ -27,9 +27,10 @@ import torch
 
 from spd.core.drafter import Draft
 from spd.core.results import Generation, Stats
-from spd.core.sampling import SamplingParams, choose, process, verify
+from spd.core.sampling import SamplingParams
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
+from spd.core.verifier import Verifier
 from spd.core.target import check_prompt, max_new_tokens, run_through
 
 log = logging.getLogger(__name__)
@@ -37,20 +38,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Run:
-    prompt_len: int
-    params: SamplingParams
-    limit: StopRule
-    max_new: int
+    verifier: Verifier  # committed tokens, waiting drafts, judgement and stop rules
     tokens: list[int]  # committed prefix + in-flight tokens (+ a draft waiting for stage 1)
-    committed: int  # tokens[:committed] are verified
     slots: list  # slots[j] = (position, input) for stage j+1, or None
-    q: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> draft distribution (sampling)
     waiting: int | None = None  # position of a fresh draft waiting to enter stage 1
+    base: int = 0  # first position of the current pipeline fill (the last reseed)
     finish: str | None = None
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len:self.committed]
 
 
 class SPDEngine:
@@ -75,7 +68,7 @@ class SPDEngine:
         stats.stage_s = [0.0] * self.n
         trace = trace if trace is not None else []
         run = self._prefill(prompt_ids, params, stop, stats)
-        yield run.tokens[run.committed - 1]
+        yield run.verifier.tokens[-1]
         t0 = time.perf_counter()
         while run.finish is None:
             committed = self._cycle(run, stats, trace)
@@ -96,13 +89,11 @@ class SPDEngine:
             self.drafter.enter(0, ids)
         on_stage = (lambda j, out: self.drafter.observe(0, len(ids), j, out.anchors)) if self.drafter else None
         out = run_through(self.stages, ids, 0, on_stage)
-        P = len(prompt_ids)
-        first, _ = choose(out.logits[-1], params, P)
-        run = _Run(P, params, stop, max_new_tokens(P, stop, self.stages), list(prompt_ids) + [first], P + 1,
-                   [None] * self.n)
-        run.finish = self._finish_reason(run)
+        verifier = Verifier(list(prompt_ids), params, stop, max_new_tokens(len(prompt_ids), stop, self.stages), self.n)
+        first = verifier.first(out.logits[-1])
+        run = _Run(verifier, list(verifier.tokens), [None] * self.n, finish=first.finish)
         if run.finish is None:
-            self._reseed(run, P, first)
+            self._reseed(run, first.position, first.token)
         stats.generated_tokens = 1
         stats.prefill_s = time.perf_counter() - t0
         return run
@@ -147,38 +138,25 @@ class SPDEngine:
 
     def _judge(self, run: _Run, pos: int, logits: torch.Tensor, stats: Stats, record: dict) -> int:
         """The token at `pos` left stage n: its distribution decides position pos+1. Commit it."""
-        judged = pos + 1
-        assert judged == run.committed, (judged, run.committed)
-        if judged < len(run.tokens):  # a draft is waiting for this verdict
-            draft = run.tokens[judged]
-            p = None if run.params.greedy else process(logits, run.params)
-            accepted, token = verify(p, int(torch.argmax(logits)), draft, run.q.pop(judged, None), run.params, judged)
-            stats.accepts += accepted
-            stats.rejects += not accepted
-            record.update(judged=judged, draft=draft, token=token, accepted=accepted)
-        else:  # nothing in flight behind it (no drafter, or the pipeline was draining)
-            token, _ = choose(logits, run.params, judged)
-            accepted = None
-            record.update(judged=judged, token=token, accepted=None)
-        run.committed = judged + 1
-        if accepted:
-            run.finish = self._finish_reason(run)
-            return token
-        # Rejected, or no successor: everything after `judged` is void; `token` becomes the only one in flight.
-        if accepted is False:
-            log.debug("[flush] reject at position %d: draft %d, target %d", judged, draft, token)
-        run.tokens[judged:] = [token]
-        run.q.clear()
+        v = run.verifier.judge(pos, logits)
+        stats.accepts, stats.rejects = run.verifier.accepts, run.verifier.rejects
+        record.update(judged=v.position, draft=v.draft, token=v.token, accepted=v.accepted)
+        run.finish = v.finish
+        if v.accepted:
+            return v.token
+        if v.accepted is False:
+            log.debug("[flush] reject at position %d: draft %d, target %d", v.position, v.draft, v.token)
+        run.tokens[v.position:] = [v.token]  # everything behind the committed token is void
         run.waiting = None
-        run.finish = self._finish_reason(run)
         if run.finish is None:
-            self._reseed(run, judged, token)
-        return token
+            self._reseed(run, v.position, v.token)
+        return v.token
 
     def _reseed(self, run: _Run, pos: int, token: int) -> None:
         """Truncate every KV cache and the drafter to `pos`, flush, and put `token` into stage 1."""
         for stage in self.stages:
             stage.truncate(pos)
+        run.base = pos
         run.slots = [None] * self.n
         run.slots[0] = (pos, torch.tensor([token]))
         if self.drafter is not None:
@@ -188,16 +166,17 @@ class SPDEngine:
     def _draft(self, run: _Run, stats: Stats, record: dict) -> None:
         """Ask the drafter for the next token; it waits in `tokens` until the cycle's verdict."""
         next_pos = len(run.tokens)
-        if self.drafter is None or next_pos - run.prompt_len >= run.max_new or next_pos >= self._ctx:
+        if self.drafter is None or not run.verifier.wants_draft(next_pos, self._ctx):
             return
         t0 = time.perf_counter()
-        draft: Draft = self.drafter.draft(run.params)
+        depths = self.drafter.staircase(run.base, s0=0 if self.schedule == "pre" else 1)
+        assert self.drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
+        draft: Draft = self.drafter.draft(run.verifier.params, depths)
         stats.draft_s += time.perf_counter() - t0
         assert draft.position == next_pos, (draft.position, next_pos)
         run.tokens.append(draft.token)
         run.waiting = next_pos
-        if draft.q is not None:
-            run.q[next_pos] = draft.q
+        run.verifier.offer(next_pos, draft.token, draft.q)
         record.update(drafted=draft.token, fill=draft.fill)
 
     def _admit_draft(self, run: _Run) -> None:
@@ -212,10 +191,3 @@ class SPDEngine:
     @property
     def _ctx(self) -> int:
         return self.stages[0].config.max_position_embeddings
-
-    def _finish_reason(self, run: _Run) -> str | None:
-        generated = run.generated
-        reason = run.limit.finish_reason(generated)
-        if reason is None and len(generated) >= run.max_new:
-            reason = "length"
-        return reason

@@ -37,7 +37,13 @@ class ScriptedDrafter:
     def observe(self, position: int, count: int, stage: int, anchors) -> None:
         pass
 
-    def draft(self, params: SamplingParams) -> Draft:
+    def staircase(self, base: int, s0: int) -> list[int]:
+        return list(self.depth)
+
+    def ready(self, depths: list[int]) -> bool:
+        return True
+
+    def draft(self, params: SamplingParams, depths: list[int] | None = None) -> Draft:
         pos = self.length
         token = self.oracle[pos] if pos < len(self.oracle) else 0
         if self.wrong or (self.wrong_every and pos % self.wrong_every == 0):

@@ -1,0 +1,102 @@
+"""The judgement step of DESIGN §4, shared by the in-process engine and the orchestrator.
+
+The token leaving stage n at position `pos` carries the target distribution for pos+1. If a draft
+is waiting for pos+1 it is judged (greedy: exact match; sampling: rejection sampling, see
+sampling.verify); otherwise the target picks the token itself. Either way exactly one token is
+committed. Anything but an accept voids everything in flight behind it: the caller flushes and
+reseeds stage 1 with the committed token.
+
+Lockstep cycle count K (DESIGN §4): a token reseeded into stage 1 (after prefill, a rejection or a
+judgement without a draft) needs n cycles to leave stage n; after an accept the next token is one
+cycle behind. So each commit after the first adds n if the previous commit reseeded, else 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from spd.core.sampling import STREAM_TARGET, SamplingParams, choose, keyed_generator, process, sample, verify
+from spd.core.stopping import StopRule
+
+
+@dataclass
+class Verdict:
+    position: int  # position of the committed token
+    token: int  # the committed token
+    accepted: bool | None  # True/False for a judged draft, None when no draft was waiting
+    draft: int | None  # the judged draft, if any
+    finish: str | None  # "stop" / "length" when generation ends with this token
+
+    @property
+    def reseed(self) -> bool:
+        """Does stage 1 restart from this token (flush everything behind it)?"""
+        return not self.accepted
+
+
+@dataclass
+class Verifier:
+    prompt: list[int]  # prompt token ids
+    params: SamplingParams  # decoding parameters (identical on draft and target side)
+    stop: StopRule  # EOS / stop strings / max tokens
+    max_new: int  # generated tokens that fit (max tokens and the context limit)
+    n: int  # pipeline stages, for the lockstep cycle count
+    tokens: list[int] = field(default_factory=list)  # committed: prompt + generated
+    drafts: dict[int, tuple[int, torch.Tensor | None]] = field(default_factory=dict)  # pos -> (token, q)
+    accepts: int = 0
+    rejects: int = 0
+    cycles: int = 0  # lockstep K
+    _reseeded: bool = True  # the last commit restarted stage 1 (prefill counts as one)
+
+    def __post_init__(self):
+        self.tokens = list(self.prompt)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.prompt):]
+
+    def offer(self, pos: int, token: int, q: torch.Tensor | None) -> None:
+        """A draft for `pos` (q: its processed distribution over the target vocab when sampling)."""
+        if pos >= len(self.tokens):
+            self.drafts[pos] = (token, q)
+
+    def wants_draft(self, pos: int, ctx: int) -> bool:
+        """Would a drafter propose a token for `pos` (limits permitting)?"""
+        return pos - len(self.prompt) < self.max_new and pos < ctx
+
+    def judge(self, pos: int, logits: torch.Tensor | None = None, p: torch.Tensor | None = None,
+              argmax: int | None = None) -> Verdict:
+        """The token at `pos` left stage n with target logits [V] (or processed p [V] / argmax)."""
+        judged = pos + 1
+        if judged != len(self.tokens):
+            raise RuntimeError(f"judging position {judged} but {len(self.tokens)} tokens are committed")
+        if argmax is None:
+            argmax = int(torch.argmax(logits))
+        if p is None and not self.params.greedy:
+            p = process(logits, self.params)
+        if judged in self.drafts:
+            draft, q = self.drafts.pop(judged)
+            accepted, token = verify(p, argmax, draft, q, self.params, judged)
+            self.accepts += accepted
+            self.rejects += not accepted
+        else:  # no draft waiting: the target picks, exactly as plain decoding would
+            draft, accepted = None, None
+            token = argmax if self.params.greedy else sample(p, keyed_generator(self.params.seed, judged, STREAM_TARGET))
+        return self._commit(judged, token, accepted, draft)
+
+    def first(self, logits: torch.Tensor) -> Verdict:
+        """The prefill's last logits give the first generated token."""
+        return self._commit(len(self.tokens), choose(logits, self.params, len(self.tokens))[0], None, None, count=False)
+
+    def _commit(self, pos: int, token: int, accepted: bool | None, draft: int | None, count: bool = True) -> Verdict:
+        if count:
+            self.cycles += self.n if self._reseeded else 1
+        self.tokens.append(token)
+        self._reseeded = not accepted
+        if not accepted:
+            self.drafts = {}
+        reason = self.stop.finish_reason(self.generated)
+        if reason is None and len(self.generated) >= self.max_new:
+            reason = "length"
+        return Verdict(pos, token, accepted, draft, reason)
