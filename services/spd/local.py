@@ -3,6 +3,7 @@ the benchmarks and the tests (the services build their own parts from the same f
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,12 +72,25 @@ def build_local(cfg: PipelineConfig, with_tokenizer: bool = True, with_drafter: 
     return LocalPipeline(model_dir, config, tokenizer, split, stages, pdm)
 
 
+def resolve_draft(draft: str | None, model_dir: Path) -> Path | None:
+    """A PDM directory: the given one, the shipped one for this model, or None (random)."""
+    if draft == "random":
+        return None
+    return Path(draft) if draft else shipped_draft_for(model_dir)
+
+
 def load_pdm(draft: str | None, model_dir: Path, config, split: PipelineSplit, ls: int, device, dtype) -> PDM:
-    path = Path(draft) if draft not in (None, "", "random") else None
-    if path is None and draft != "random":
-        path = shipped_draft_for(model_dir)
+    path = resolve_draft(draft, model_dir)
     if path is not None:
         log.info("drafter: trained PDM from %s", path)
         return PDM.load(path, device, dtype)
     log.warning("drafter: no trained PDM for %s; using a RANDOM one (correct output, low acceptance)", model_dir.name)
     return random_pdm(config, list(default_anchors(split)), ls).to(device=device, dtype=dtype)
+
+
+def anchors_for(draft: str | None, model_dir: Path, split: PipelineSplit) -> tuple[int, ...]:
+    """The anchors the stages must report: the PDM's own, or the default for a random PDM."""
+    path = resolve_draft(draft, model_dir)
+    if path is not None:
+        return tuple(json.loads((path / "config.json").read_text())["anchors"])
+    return default_anchors(split)

@@ -16,28 +16,38 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | None = None,
 
 
 class TextStream:
-    """Turns a growing list of token ids into text deltas whose concatenation is the full text.
+    """Turns a growing list of token ids into text deltas whose concatenation is the final text.
 
-    A delta is released only when the decoded text is stable (no dangling partial UTF-8 sequence),
-    so the concatenated deltas always equal `decode(all tokens)`.
+    A delta is released only when it is stable: no dangling partial UTF-8 sequence, and (with stop
+    strings) nothing that could still turn out to be the start of a stop string, so the
+    concatenated deltas always equal the unary answer: `decode(all tokens)` cut before the first
+    stop string.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True):
-        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...] = (), skip_special_tokens: bool = True):
+        self.tokenizer, self.stop, self.skip = tokenizer, tuple(stop), skip_special_tokens
         self.ids: list[int] = []
         self.emitted = ""
 
+    def text(self) -> str:
+        """The full text so far, cut before the first stop string."""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        return text[: min(cuts)] if cuts else text
+
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd") or not text.startswith(self.emitted):
+        text = self.text()
+        hold = max((len(s) - 1 for s in self.stop), default=0)  # a stop string may still complete
+        stable = text[: len(text) - hold] if hold else text
+        if stable.endswith("\ufffd") or not stable.startswith(self.emitted) or len(stable) <= len(self.emitted):
             return ""
-        delta, self.emitted = text[len(self.emitted):], text
+        delta, self.emitted = stable[len(self.emitted):], stable
         return delta
 
     def flush(self) -> str:
         """The rest of the text at the end of the stream."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        text = self.text()
         delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
         self.emitted = text
         return delta

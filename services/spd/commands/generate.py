@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         tokens = SPDEngine(local.stages, local.drafter(), args.schedule, trace=args.trace).stream(
             prompt_ids, params, stop, stats, trace)
-    text = TextStream(local.tokenizer)
+    text = TextStream(local.tokenizer, tuple(args.stop))
     ids = []
     for token in tokens:
         ids.append(token)

@@ -43,7 +43,7 @@ class DrafterState:
         self.reset()
 
     def reset(self) -> None:
-        self.states = torch.zeros(0, len(self.anchors), self.pdm.config.target_hidden)  # [T, m, d]
+        self.states = torch.zeros(0, len(self.anchors), self.pdm.config.target_hidden, device=self.pdm.d2t.device)  # [T, m, d]
         self.depth: list[int] = []
         self.cache.truncate(0)
 
@@ -62,7 +62,7 @@ class DrafterState:
         if position != self.length:
             raise RuntimeError(f"drafter: token enters at {position} but state has {self.length} positions")
         self._ensure(position + len(tokens))
-        self.states[position:position + len(tokens), 0] = self.embed(tokens).to(self.states.dtype)
+        self.states[position:position + len(tokens), 0] = self.embed(tokens.to(self.states.device)).to(self.states.dtype)
         self.depth.extend([0] * len(tokens))
 
     @torch.inference_mode()
@@ -71,7 +71,7 @@ class DrafterState:
         T = count
         for b, h in anchors.items():
             if b != 0:  # anchor 0 is the embedding, already set on entry
-                self.states[position:position + T, self._slot[b]] = h.to(self.states.dtype)
+                self.states[position:position + T, self._slot[b]] = h.to(self.states.device, self.states.dtype)
         for i in range(position, min(position + T, self.length)):
             self.depth[i] = max(self.depth[i], stage)
 
@@ -100,7 +100,7 @@ class DrafterState:
         depths = (depths if depths is not None else self.depth)[C:]
         num_eligible = torch.tensor([self._eligible[k] for k in depths])
         g = self.pdm.fuse(self.states[C:T], num_eligible)  # [Q, w]
-        h = self.pdm.hidden(g, torch.arange(C, T), causal_mask(T - C, C, g.device), cache=self.cache)  # [Q, w]
+        h = self.pdm.hidden(g, torch.arange(C, T, device=g.device), causal_mask(T - C, C, g.device), cache=self.cache)  # [Q, w]
         self.cache.commit()
         done = next((i for i, k in enumerate(depths) if k < n), len(depths))  # leading depth-n positions
         self.cache.truncate(C + done)
@@ -112,10 +112,10 @@ class DrafterState:
         if params.greedy:
             return Draft(position, int(d2t[int(torch.argmax(logits))]), None, fill)
         q = torch.zeros(self.pdm.config.target_vocab)
-        q[d2t] = process(logits, params)
+        q[d2t.cpu()] = process(logits, params)
         return Draft(position, sample(q, keyed_generator(params.seed, position, STREAM_DRAFT)), q, fill)
 
     def _ensure(self, length: int) -> None:
         if self.states.shape[0] < length:
-            grow = torch.zeros(max(length, 2 * self.states.shape[0]) - self.states.shape[0], *self.states.shape[1:])
+            grow = self.states.new_zeros(max(length, 2 * self.states.shape[0]) - self.states.shape[0], *self.states.shape[1:])
             self.states = torch.cat([self.states, grow])

@@ -3,7 +3,8 @@
 `ScriptedDrafter(oracle)` proposes oracle[position] (e.g. the target's own greedy output, so every
 judgement accepts); `wrong=True` proposes a token that is never the oracle's (so every judgement
 rejects); `wrong_every=k` is wrong at every k-th position only. They keep the same position
-bookkeeping as the real drafter so the engine drives them identically.
+bookkeeping as the real drafter so the engine drives them identically; `spd drafter --script`
+runs one as a process (for tests of the distributed runtime).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from spd.core.sampling import SamplingParams
 
 
 class ScriptedDrafter:
-    def __init__(self, oracle: list[int], vocab_size: int, wrong: bool = False, wrong_every: int = 0):
+    def __init__(self, oracle: list[int], vocab_size: int, wrong: bool = False, wrong_every: int = 0,
+                 continuation: list[int] | None = None):
         self.oracle, self.vocab_size = oracle, vocab_size
+        self.continuation = continuation  # if set, the oracle becomes prompt + continuation at each prefill
         self.wrong, self.wrong_every = wrong, wrong_every
         self.depth: list[int] = []
 
@@ -32,6 +35,8 @@ class ScriptedDrafter:
 
     def enter(self, position: int, tokens: torch.Tensor) -> None:
         assert position == self.length, (position, self.length)
+        if position == 0 and self.continuation is not None:
+            self.oracle = tokens.tolist() + list(self.continuation)
         self.depth.extend([0] * len(tokens))
 
     def observe(self, position: int, count: int, stage: int, anchors) -> None:

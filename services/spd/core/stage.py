@@ -47,6 +47,10 @@ class Stage(nn.Module):
         self.cache = KVCache(self.layer_ids)
 
     @property
+    def device(self) -> torch.device:
+        return self.layers[0].input_layernorm.weight.device
+
+    @property
     def kv_length(self) -> int:
         return self.cache.length
 
@@ -59,6 +63,7 @@ class Stage(nn.Module):
         if self.cache.length != start:
             raise RuntimeError(f"stage layers {self.layer_ids[0]}..{self.layer_ids[-1]}: KV length "
                                f"{self.cache.length} != position {start} (protocol bug)")
+        x = x.to(self.device)
         h = self.embed(x) if self.is_first else x  # h: [T, d]
         h = h.unsqueeze(0)  # [1, T, d]
         T = h.shape[1]
@@ -130,3 +135,10 @@ def load_stage(model_dir: Path, config: PretrainedConfig, layers: range, anchors
         modules["lm_head"] = _materialise(skeleton.lm_head, "lm_head.", index, device, dtype, tied)
     del skeleton
     return Stage(config, layers, anchors, modules)
+
+
+def load_embedding(model_dir: Path, config: PretrainedConfig, device="cpu", dtype=torch.float32) -> nn.Module:
+    """Only the token embedding (the drafter's own copy, for depth-0 features)."""
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    return _materialise(skeleton.model.embed_tokens, "model.embed_tokens.", _weight_index(model_dir), device, dtype)

@@ -85,12 +85,13 @@ class Verifier:
             token = argmax if self.params.greedy else sample(p, keyed_generator(self.params.seed, judged, STREAM_TARGET))
         return self._commit(judged, token, accepted, draft)
 
-    def first(self, logits: torch.Tensor) -> Verdict:
-        """The prefill's last logits give the first generated token."""
-        return self._commit(len(self.tokens), choose(logits, self.params, len(self.tokens))[0], None, None, count=False)
+    def first(self, logits: torch.Tensor | None = None, p: torch.Tensor | None = None,
+              argmax: int | None = None) -> Verdict:
+        """The prefill's last distribution gives the first generated token (no cycle counted)."""
+        return self.judge(len(self.tokens) - 1, logits, p, argmax)
 
-    def _commit(self, pos: int, token: int, accepted: bool | None, draft: int | None, count: bool = True) -> Verdict:
-        if count:
+    def _commit(self, pos: int, token: int, accepted: bool | None, draft: int | None) -> Verdict:
+        if self.generated:  # the first token comes from prefill, not from a cycle
             self.cycles += self.n if self._reseeded else 1
         self.tokens.append(token)
         self._reseeded = not accepted

@@ -1,0 +1,31 @@
+"""`spd up`: start a supervised local pipeline (all processes on this machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spd.runtime.launcher import Cluster, ClusterConfig
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("up", help="start n stages, the drafter and the orchestrator locally")
+    p.add_argument("--n", type=int, default=5)
+    p.add_argument("--port", type=int, default=50051, help="orchestrator gRPC port")
+    p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", help="PDM directory ('random' for an untrained one)")
+    p.add_argument("--split", default="uniform")
+    p.add_argument("--devices", default="", help="comma-separated: one per stage, then the drafter (default cpu)")
+    p.add_argument("--schedule", choices=["pre", "post"], default="pre")
+    p.add_argument("--state-file", type=Path, help="write role -> pid/address JSON here")
+    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--log-dir", type=Path, help="one log file per process (default: this terminal)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    devices = [d for d in args.devices.split(",") if d]
+    if devices and len(devices) not in (args.n, args.n + 1):
+        raise SystemExit(f"--devices needs {args.n} or {args.n + 1} entries, got {len(devices)}")
+    cfg = ClusterConfig(args.n, args.port, args.model, args.draft, args.split, devices, args.schedule,
+                        args.state_file, args.metrics_port, args.log_dir)
+    return Cluster(cfg).run()

@@ -1,0 +1,124 @@
+"""`spd stage`, `spd drafter`, `spd orchestrator`: the processes of a pipeline (one device each)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+
+from spd.local import anchors_for, load_pdm, make_split
+from spd.models.loading import load_config, resolve_model
+from spd.runtime.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", help="JSON (or @file) with every worker's ZMQ endpoint; default $SPD_TOPOLOGY")
+    p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L'")
+    p.add_argument("--draft", help="PDM directory ('random' for an untrained one); sets the anchors")
+    p.add_argument("--device", default="cpu", help="the one device this process uses (cpu, cuda:K)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
+    p.add_argument("--health-port", type=int, default=0, help="grpc.health.v1 port (0 = none)")
+    p.add_argument("--health-host", default="127.0.0.1")
+
+
+def add_parser(sub) -> None:
+    st = sub.add_parser("stage", help="run pipeline stage J of N")
+    st.add_argument("--index", type=int, required=True, help="1-based stage index")
+    st.add_argument("--of", type=int, required=True, help="number of stages n")
+    _common(st)
+    st.set_defaults(run=run_stage)
+    dr = sub.add_parser("drafter", help="run the drafter (PDM)")
+    dr.add_argument("--ls", type=int, default=1, help="layers of a random PDM")
+    dr.add_argument("--script", help="TEST ONLY: comma-separated continuation to propose instead of a PDM")
+    dr.add_argument("--script-wrong-every", type=int, default=0, help="TEST ONLY: with --script, every k-th draft wrong")
+    _common(dr)
+    dr.set_defaults(run=run_drafter)
+    orch = sub.add_parser("orchestrator", help="run the gRPC orchestrator")
+    orch.add_argument("--topology", help="JSON (or @file); default $SPD_TOPOLOGY")
+    orch.add_argument("--model")
+    orch.add_argument("--port", type=int, default=50051)
+    orch.add_argument("--host", default="127.0.0.1")
+    orch.add_argument("--metrics-port", type=int, default=0)
+    orch.add_argument("--schedule", choices=["pre", "post"], default="pre")
+    orch.add_argument("--queue-size", type=int, default=16)
+    orch.set_defaults(run=run_orchestrator)
+
+
+def _setup(args):
+    torch.set_num_threads(args.threads)
+    topology = Topology.from_arg(args.topology)
+    model_dir = resolve_model(args.model)
+    config = load_config(model_dir)
+    split = make_split(args.split, config.num_hidden_layers, topology.n)
+    return topology, model_dir, config, split, getattr(torch, args.dtype)
+
+
+def _serve_health(args):
+    if not args.health_port:
+        return None, None
+    from spd.runtime.health import start_health_server
+
+    return start_health_server(args.health_port, args.health_host)
+
+
+def run_stage(args) -> int:
+    from spd.core.stage import load_stage
+    from spd.runtime.health import SERVING
+    from spd.runtime.stage_worker import StageWorker
+
+    topology, model_dir, config, split, dtype = _setup(args)
+    if args.of != topology.n or not 1 <= args.index <= topology.n:
+        raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {topology.n} stages")
+    server, health = _serve_health(args)
+    stage = load_stage(model_dir, config, split.layers_of(args.index), anchors_for(args.draft, model_dir, split),
+                       args.device, dtype)
+    worker = StageWorker(topology, args.index, stage)
+    if health:
+        health.set("", SERVING)
+    try:
+        worker.run()
+    finally:
+        if server:
+            server.stop(0)
+    return 0
+
+
+def run_drafter(args) -> int:
+    from spd.core.drafter import DrafterState
+    from spd.core.stage import load_embedding
+    from spd.runtime.drafter_worker import DrafterWorker
+    from spd.runtime.health import SERVING
+
+    topology, model_dir, config, split, dtype = _setup(args)
+    server, health = _serve_health(args)
+    if args.script:
+        from spd.core.scripted import ScriptedDrafter
+
+        script = [int(t) for t in args.script.split(",")]
+        state = ScriptedDrafter([], config.vocab_size, wrong_every=args.script_wrong_every, continuation=script)
+    else:
+        pdm = load_pdm(args.draft, model_dir, config, split, args.ls, args.device, dtype)
+        state = DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split)
+    worker = DrafterWorker(topology, state)
+    if health:
+        health.set("", SERVING)
+    try:
+        worker.run()
+    finally:
+        if server:
+            server.stop(0)
+    return 0
+
+
+def run_orchestrator(args) -> int:
+    from spd.runtime.orchestrator import OrchestratorConfig, serve
+
+    torch.set_num_threads(1)
+    serve(OrchestratorConfig(Topology.from_arg(args.topology), args.model, args.port, args.host, args.metrics_port,
+                             args.schedule, args.queue_size))
+    return 0

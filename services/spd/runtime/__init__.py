@@ -1,0 +1,1 @@
+"""The distributed runtime: stage, drafter and orchestrator processes around the pure core."""

@@ -1,0 +1,290 @@
+"""The orchestrator's pipeline driver: runs one request at a time over the worker processes.
+
+It owns every ZeroMQ socket of the orchestrator (one thread, no locks): PREFILL to all workers,
+then it only listens. Drafts flow drafter -> stage 1 directly; the driver hears of them to judge
+later, and judges each token leaving stage n with the shared `Verifier`. Accepts need no message
+at all; anything else (reject, no draft) bumps the epoch and broadcasts RESEED. A watchdog and the
+heartbeat registry turn a dead or restarted worker into a recovery: re-prefill the committed
+prefix under a new epoch and continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from spd import wire
+from spd.core.verifier import Verdict, Verifier
+from spd.runtime import metrics
+from spd.runtime.jobs import Job
+from spd.runtime.registry import Registry
+from spd.runtime.topology import Topology, bind_endpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DriverConfig:
+    vocab_size: int  # target vocabulary (to densify sparse distributions)
+    context: int  # the target's context limit
+    schedule: str = "pre"  # pre | post: tells the workers s0 and whether a draft precedes each judgement
+    queue_size: int = 16  # requests waiting beyond the running one; more -> RESOURCE_EXHAUSTED
+    worker_wait_s: float = 60.0  # how long a request waits for missing workers before UNAVAILABLE
+    draft_wait_s: float = 2.0  # how long a judgement waits for its draft before the target decides alone
+    progress_timeout_s: float = 20.0  # no commit for this long (plus prefill allowance) -> recovery
+    max_recoveries: int = 3  # per request; then UNAVAILABLE
+
+
+class _Fault(Exception):
+    """A worker died or stalled: recover by re-prefilling."""
+
+
+class Driver:
+    def __init__(self, topology: Topology, cfg: DriverConfig):
+        self.topology, self.cfg = topology, cfg
+        self.n = topology.n
+        self.jobs: "queue.Queue[Job]" = queue.Queue(maxsize=cfg.queue_size)
+        self.registry = Registry(self.n)
+        self.epoch = 0
+        self.stop = threading.Event()
+        self.ctx = zmq.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        self.inbox.bind(bind_endpoint(topology.orchestrator))
+        self.peers = [self._push(e) for e in (*topology.stages, topology.drafter)]
+        self._restarted = False
+
+    def _push(self, endpoint: str) -> zmq.Socket:
+        s = self.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 1000)
+        s.connect(endpoint)
+        return s
+
+    # -- thread ---------------------------------------------------------------------------------
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self._loop, name="spd-driver", daemon=True)
+        t.start()
+        return t
+
+    def ready(self) -> bool:
+        return not self.registry.missing()
+
+    def _loop(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    job = self.jobs.get(timeout=0.2)
+                except queue.Empty:
+                    self._poll(0)
+                    continue
+                metrics.QUEUE.set(self.jobs.qsize())
+                if job.cancelled.is_set():
+                    job.emit("done", "cancelled", {})
+                    continue
+                self._serve(job)
+        finally:
+            self.ctx.destroy(linger=0)
+
+    # -- one request ----------------------------------------------------------------------------
+
+    def _serve(self, job: Job) -> None:
+        try:
+            self._await_workers(job)
+            _Run(self, job).run()
+            metrics.REQUESTS.labels("ok").inc()
+        except _Unavailable as e:
+            metrics.REQUESTS.labels("unavailable").inc()
+            log.error("[fail] request %s: %s", job.rid, e)
+            job.emit("error", "UNAVAILABLE", str(e))
+        except Exception as e:  # never let one request take the driver down
+            metrics.REQUESTS.labels("error").inc()
+            log.exception("[fail] request %s", job.rid)
+            job.emit("error", "INTERNAL", f"internal error: {e}")
+        finally:
+            self.broadcast("CANCEL", {"rid": job.rid})
+
+    def _await_workers(self, job: Job) -> None:
+        deadline = time.monotonic() + self.cfg.worker_wait_s
+        while self.registry.missing(need_drafter=False):
+            if time.monotonic() > deadline or job.cancelled.is_set():
+                raise _Unavailable(f"pipeline incomplete: {', '.join(self.registry.missing(False))} not running")
+            self._poll(100)
+
+    # -- messaging ------------------------------------------------------------------------------
+
+    def broadcast(self, kind: str, header: dict, tensors=None, epoch_bump: bool = True) -> int:
+        if epoch_bump:
+            self.epoch += 1
+        head = {"epoch": self.epoch, "pos": header.pop("pos", 0), **header}
+        for sock in self.peers:
+            wire.send(sock, kind, head, tensors, timeout_ms=100)
+        return self.epoch
+
+    def _poll(self, timeout_ms: int) -> wire.Message | None:
+        """Next data message (heartbeats are consumed here); None on timeout."""
+        try:
+            msg = wire.recv(self.inbox, timeout_ms)
+        except wire.WireError as e:
+            metrics.MALFORMED.inc()
+            log.warning("[drop] malformed frame at the orchestrator: %s", e)
+            return None
+        if msg is not None and msg.kind in ("HELLO", "HEARTBEAT"):
+            h = msg.header
+            if self.registry.beat(h.get("role", "?"), int(h.get("index", 0)), str(h.get("incarnation")), int(h.get("pid", 0))):
+                self._restarted = True
+            return None
+        return msg
+
+    def take_restart(self) -> bool:
+        restarted, self._restarted = self._restarted, False
+        return restarted
+
+
+class _Unavailable(Exception):
+    pass
+
+
+class _Run:
+    """The state of one request inside the driver."""
+
+    def __init__(self, driver: Driver, job: Job):
+        self.d, self.job, cfg = driver, job, driver.cfg
+        P = len(job.prompt_ids)
+        max_new = min(job.stop.max_tokens, cfg.context - P + 1)
+        self.verifier = Verifier(job.prompt_ids, job.params, job.stop, max_new, driver.n)
+        self.draft_limit = min(P + max_new, cfg.context)  # drafts may take positions < this
+        self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
+        self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
+        self.stats = {"n": driver.n, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0,
+                      "stage_ms": [0.0] * driver.n, "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
+        self.t0 = time.monotonic()
+        self.t_first = None
+        self.last_commit = None
+        self.last_accept = False
+
+    def run(self) -> None:
+        self.d.take_restart()
+        self._prefill(self.job.prompt_ids)
+        while True:
+            if self.job.cancelled.is_set():
+                self._finish("cancelled")
+                return
+            try:
+                if self._step():
+                    return
+            except _Fault as e:
+                self._recover(str(e))
+
+    def _prefill(self, ids: list[int]) -> None:
+        params = {"temperature": self.job.params.temperature, "top_k": self.job.params.top_k,
+                  "top_p": self.job.params.top_p, "seed": self.job.params.seed}
+        self.fill_start = len(ids)
+        self.d.broadcast("PREFILL", {"rid": self.job.rid, "base": 0, "params": params,
+                                     "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit},
+                         {"ids": torch.tensor(ids, dtype=torch.int64)})
+        self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
+
+    def _step(self) -> bool:
+        """Handle one message or timeout; True when the request is finished."""
+        msg = self.d._poll(20)
+        if self.d.take_restart():
+            raise _Fault("a worker restarted")
+        if msg is not None and msg.rid == self.job.rid and msg.epoch == self.d.epoch:
+            if msg.kind == "DRAFT":
+                self._offer(msg)
+            elif msg.kind == "EXIT":
+                self.exits[msg.pos] = (msg, time.monotonic())
+        nxt = self.exits.get(len(self.verifier.tokens) - 1)  # the exit that judges the next position
+        if nxt is not None and self._judgeable(*nxt):
+            return self._judge(nxt[0])
+        if time.monotonic() - self.progress > self.d.cfg.progress_timeout_s:
+            missing = self.d.registry.missing(need_drafter=False)
+            raise _Fault(f"no progress for {self.d.cfg.progress_timeout_s:.0f} s" + (f" ({', '.join(missing)} down)" if missing else ""))
+        return False
+
+    def _offer(self, msg: wire.Message) -> None:
+        q = None
+        if "ids" in msg.tensors:
+            q = torch.zeros(self.d.cfg.vocab_size)
+            q[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
+        self.verifier.offer(msg.pos, int(msg.header["token"]), q)
+        self.stats["draft_ms"] += msg.header.get("t_ms", 0.0)
+
+    def _judgeable(self, exit: wire.Message, seen: float) -> bool:
+        """Judge now, or wait a little for the draft that will arrive for this position?"""
+        judged = exit.pos + 1
+        if judged in self.verifier.drafts or judged <= self.fill_start:
+            return True
+        expect = (self.d.registry.alive("drafter") and self.verifier.wants_draft(judged, self.d.cfg.context)
+                  and not (self.d.cfg.schedule == "post" and self.d.n == 1))
+        return not expect or time.monotonic() - seen > self.d.cfg.draft_wait_s
+
+    def _judge(self, msg: wire.Message) -> bool:
+        del self.exits[msg.pos]
+        p = None
+        if "ids" in msg.tensors:
+            p = torch.zeros(self.d.cfg.vocab_size)
+            p[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
+        t0 = time.perf_counter()
+        v = self.verifier.judge(msg.pos, p=p, argmax=int(msg.header["argmax"]))
+        self.stats["verify_ms"] += 1e3 * (time.perf_counter() - t0)
+        for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
+            self.stats["stage_ms"][j] += ms
+        self._commit(v)
+        if v.finish:
+            self._finish(v.finish)
+            return True
+        if v.reseed:
+            self.stats["flushes"] += v.accepted is False
+            if v.accepted is False:
+                metrics.FLUSHES.inc()
+                log.info("[flush] %s: reject at %d (draft %s, target %d)", self.job.rid, v.position, v.draft, v.token)
+            self.fill_start = v.position
+            self.exits = {}
+            self.d.broadcast("RESEED", {"rid": self.job.rid, "pos": v.position, "base": v.position, "token": v.token})
+        return False
+
+    def _commit(self, v: Verdict) -> None:
+        now = time.monotonic()
+        if self.t_first is None:
+            self.t_first = now
+        elif self.last_accept and v.accepted:
+            metrics.CYCLE_MS.observe(1e3 * (now - self.last_commit))
+        self.last_commit, self.last_accept, self.progress = now, bool(v.accepted), now
+        metrics.COMMITS.inc()
+        metrics.ACCEPTS.inc(v.accepted is True)
+        metrics.REJECTS.inc(v.accepted is False)
+        self.job.emit("token", v.token)
+
+    def _recover(self, why: str) -> None:
+        self.stats["recoveries"] += 1
+        metrics.RECOVERIES.inc()
+        if self.stats["recoveries"] > self.d.cfg.max_recoveries:
+            raise _Unavailable(f"pipeline failed {self.stats['recoveries']} times: {why}")
+        log.warning("[recover] %s: %s; re-prefilling %d committed tokens", self.job.rid, why, len(self.verifier.tokens))
+        self.d._await_workers(self.job)
+        self.verifier.drafts = {}
+        self.verifier._reseeded = True
+        self.exits = {}
+        self._prefill(self.verifier.tokens)
+
+    def _finish(self, reason: str) -> None:
+        v, now = self.verifier, time.monotonic()
+        first = self.t_first or now
+        N, K = len(v.generated), v.cycles
+        decode_s = now - first
+        self.stats.update(generated_tokens=N, cycles=K, accepts=v.accepts, rejects=v.rejects,
+                          alpha=N / K if K else 0.0, theoretical_speedup=self.d.n * N / K if K else 0.0,
+                          prefill_ms=1e3 * (first - self.t0), ttft_ms=1e3 * (first - self.t0) + self.stats["queue_ms"],
+                          decode_ms=1e3 * decode_s, tokens_per_s=(N - 1) / decode_s if N > 1 and decode_s > 0 else 0.0)
+        metrics.CYCLES.inc(K)
+        self.job.emit("done", reason, self.stats)

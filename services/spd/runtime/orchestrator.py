@@ -1,0 +1,64 @@
+"""The orchestrator process: gRPC API + health + metrics in front of the pipeline driver."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from prometheus_client import start_http_server
+
+from spd.api.validation import Limits
+from spd.core.stopping import eos_ids_of
+from spd.models.loading import load_config, load_tokenizer, resolve_model
+from spd.runtime.driver import Driver, DriverConfig
+from spd.runtime.health import NOT_SERVING, SERVING, add_health
+from spd.runtime.servicer import SPDServicer
+from spd.runtime.topology import Topology
+from spd_client.v1 import spd_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OrchestratorConfig:
+    topology: Topology  # where the workers listen
+    model: str | None = None  # model directory or None for the default (tokenizer, config)
+    port: int = 50051  # gRPC API port
+    host: str = "127.0.0.1"  # gRPC bind address ("0.0.0.0" in pods)
+    metrics_port: int = 0  # Prometheus endpoint; 0 = off
+    schedule: str = "pre"  # staircase schedule: pre | post
+    queue_size: int = 16  # requests waiting beyond the running one
+    max_tokens: int = 4096  # largest max_tokens a request may ask for
+
+
+def serve(cfg: OrchestratorConfig) -> None:
+    model_dir = resolve_model(cfg.model)
+    config, tokenizer = load_config(model_dir), load_tokenizer(model_dir)
+    driver = Driver(cfg.topology, DriverConfig(config.vocab_size, config.max_position_embeddings, cfg.schedule,
+                                               cfg.queue_size))
+    driver.start()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + 8),
+                         options=[("grpc.max_receive_message_length", 4 << 20)])
+    spd_pb2_grpc.add_SPDServicer_to_server(
+        SPDServicer(driver, tokenizer, eos_ids_of(tokenizer, config), Limits(max_tokens=cfg.max_tokens)), server)
+    health = add_health(server)
+    server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    server.start()
+    if cfg.metrics_port:
+        start_http_server(cfg.metrics_port, addr=cfg.host)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    log.info("[start] orchestrator on %s:%d for %d stages", cfg.host, cfg.port, cfg.topology.n)
+    try:
+        while not stop.wait(0.5):
+            health.set("", SERVING if driver.ready() else NOT_SERVING)
+    finally:
+        health.set("", NOT_SERVING)
+        server.stop(grace=2).wait(5)
+        driver.stop.set()
+        log.info("[stop] orchestrator")

@@ -1,0 +1,135 @@
+"""A pipeline stage as a process: forwards what reaches it, sends hidden states on, anchors to the
+drafter and, from the last stage, a compact summary of the exiting token's distribution.
+
+Inputs: PREFILL (the prompt; stage 1 runs it), RESEED (truncate the KV cache to `base`; stage 1
+runs the token), DRAFT (stage 1: a drafted token), HIDDEN (stages 2..n), CANCEL (request over).
+Within an epoch inputs are run in position order, exactly when position == KV length; anything
+else waits in a small buffer (messages on different sockets may overtake each other).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from spd import wire
+from spd.core.sampling import SamplingParams, process
+from spd.core.stage import Stage
+from spd.runtime.topology import Topology
+from spd.runtime.worker import MAX_PENDING, Worker
+
+log = logging.getLogger(__name__)
+
+
+class StageWorker(Worker):
+    role = "stage"
+
+    def __init__(self, topology: Topology, index: int, stage: Stage):
+        super().__init__(topology, topology.stages[index - 1], index)
+        self.stage = stage
+        self.first, self.last = index == 1, index == topology.n
+        self.to_next = self._push(topology.orchestrator if self.last else topology.stages[index])
+        self.to_drafter = self._push(topology.drafter)
+        self.params = SamplingParams()
+        self.base = 0
+        self.pending: dict[int, wire.Message] = {}  # pos -> input of the current epoch, waiting its turn
+        self.future: list[wire.Message] = []  # inputs of epochs not opened yet
+
+    # -- message handling --------------------------------------------------------------------------
+
+    def handle(self, msg: wire.Message) -> None:
+        if msg.kind in ("PREFILL", "RESEED", "CANCEL"):
+            if msg.epoch < self.epoch:
+                self.dropped["stale"] += 1
+                return
+            self._open_epoch(msg)
+        elif msg.kind in ("HIDDEN", "DRAFT"):
+            if msg.epoch < self.epoch:
+                self.dropped["stale"] += 1
+                return
+            if msg.epoch > self.epoch:
+                self._hold(self.future, msg)
+                return
+            self.pending[msg.pos] = msg
+        else:
+            log.debug("stage %d ignores %s", self.index, msg.kind)
+            return
+        self._run_ready()
+
+    def _open_epoch(self, msg: wire.Message) -> None:
+        h = msg.header
+        self.rid, self.epoch = msg.rid, msg.epoch
+        self.pending = {}
+        if msg.kind == "CANCEL":
+            self.stage.truncate(0)
+            return
+        if msg.kind == "PREFILL":
+            self.params = SamplingParams(**h["params"])
+            self.base = 0
+            self.stage.truncate(0)
+            if self.first:
+                self.pending[0] = msg
+        else:  # RESEED: everything from `base` on is void
+            self.base = h["base"]
+            if self.stage.kv_length < self.base:
+                raise RuntimeError(f"reseed at {self.base} but KV holds only {self.stage.kv_length} positions")
+            self.stage.truncate(self.base)
+            if self.first:
+                self.pending[self.base] = msg
+        waiting, self.future = self.future, []
+        for m in waiting:
+            if m.epoch == self.epoch:
+                self.pending[m.pos] = m
+            elif m.epoch > self.epoch:
+                self.future.append(m)
+
+    def _hold(self, buf: list, msg: wire.Message) -> None:
+        if len(buf) >= MAX_PENDING:
+            buf.pop(0)
+            self.dropped["overflow"] += 1
+        buf.append(msg)
+
+    def _run_ready(self) -> None:
+        while self.stage.kv_length in self.pending:
+            self._forward(self.pending.pop(self.stage.kv_length))
+        if len(self.pending) > MAX_PENDING:
+            self.pending.clear()
+            self.dropped["overflow"] += 1
+
+    # -- compute ----------------------------------------------------------------------------------
+
+    def _forward(self, msg: wire.Message) -> None:
+        tokens, x = self._input(msg)
+        log.debug("[forward] epoch %d %s pos %d (%d tokens)", self.epoch, msg.kind, msg.pos, len(tokens))
+        t0 = time.perf_counter()
+        out = self.stage(x, msg.pos)
+        t_ms = 1e3 * (time.perf_counter() - t0)
+        chain = list(msg.header.get("stage_ms", [])) if msg.kind == "HIDDEN" else []
+        head = {"pos": msg.pos, "base": self.base, "tokens": tokens, "t_ms": t_ms, "stage_ms": chain + [t_ms]}
+        anchors = {f"a{b}": h for b, h in out.anchors.items()}
+        self.send(self.to_drafter, "ANCHORS", {**head, "stage": self.index, "count": len(tokens)}, anchors)
+        if self.last:
+            self._exit(head, out.logits[-1])
+        else:
+            self.send(self.to_next, "HIDDEN", head, {"h": out.hidden})
+
+    def _input(self, msg: wire.Message) -> tuple[list[int], torch.Tensor]:
+        if msg.kind == "PREFILL":
+            ids = msg.tensors["ids"].to(torch.long)
+            return ids.tolist(), ids
+        if msg.kind in ("RESEED", "DRAFT"):
+            return [int(msg.header["token"])], torch.tensor([int(msg.header["token"])])
+        return list(msg.header["tokens"]), msg.tensors["h"].clone()
+
+    def _exit(self, head: dict, logits: torch.Tensor) -> None:
+        """The exiting token's distribution, compactly: argmax (greedy) or the processed support."""
+        pos = head["pos"] + len(head["tokens"]) - 1  # the last position of this input
+        summary = {**head, "pos": pos, "argmax": int(torch.argmax(logits))}
+        tensors = None
+        if not self.params.greedy:
+            p = process(logits, self.params)
+            ids = torch.nonzero(p).flatten()
+            tensors = {"ids": ids.to(torch.int32), "probs": p[ids]}
+        self.send(self.to_next, "EXIT", summary, tensors)

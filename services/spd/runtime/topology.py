@@ -1,0 +1,68 @@
+"""Where every process listens: one ZeroMQ PULL endpoint per worker and one for the orchestrator.
+
+The same JSON serves `spd up` (loopback ports) and Kubernetes (stable DNS names), passed with
+`--topology` or the SPD_TOPOLOGY environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    stages: tuple[str, ...]  # ZMQ endpoint of stage j+1's inbox, e.g. tcp://127.0.0.1:5601
+    drafter: str  # the drafter's inbox
+    orchestrator: str  # the orchestrator's inbox (exits, drafts, heartbeats)
+
+    @property
+    def n(self) -> int:
+        return len(self.stages)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Topology":
+        d = json.loads(text)
+        return cls(tuple(d["stages"]), d["drafter"], d["orchestrator"])
+
+    @classmethod
+    def from_arg(cls, arg: str | None) -> "Topology":
+        text = arg or os.environ.get("SPD_TOPOLOGY")
+        if not text:
+            raise SystemExit("no topology: pass --topology JSON or set SPD_TOPOLOGY")
+        return cls.from_json(open(text[1:]).read() if text.startswith("@") else text)
+
+
+def bind_endpoint(endpoint: str) -> str:
+    """What a process binds for its own advertised endpoint: loopback stays loopback, names -> all."""
+    proto, _, rest = endpoint.partition("://")
+    host, _, port = rest.rpartition(":")
+    if host in ("127.0.0.1", "localhost", "[::1]"):
+        return endpoint
+    return f"{proto}://*:{port}"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports free right now on `host` (for the local launcher)."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def local_topology(n: int, host: str = "127.0.0.1") -> Topology:
+    ports = free_ports(n + 2, host)
+    return Topology(tuple(f"tcp://{host}:{p}" for p in ports[:n]), f"tcp://{host}:{ports[n]}",
+                    f"tcp://{host}:{ports[n + 1]}")

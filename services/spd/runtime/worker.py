@@ -1,0 +1,105 @@
+"""What stage and drafter processes share: sockets, registration, heartbeats, the receive loop.
+
+A worker owns one PULL inbox (bound) and PUSH sockets to its peers (connected). It registers with
+the orchestrator (HELLO with a fresh incarnation id) and sends heartbeats. Malformed frames are
+dropped, logged and counted; messages of older epochs are dropped; messages of newer epochs wait
+for the control message (PREFILL / RESEED / CANCEL) that opens that epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+
+import zmq
+
+from spd import wire
+from spd.runtime.topology import Topology, bind_endpoint
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.5  # heartbeat period
+POLL_MS = 100  # inbox poll: bounds how late a heartbeat or a stop flag is noticed
+MAX_PENDING = 4096  # buffered future-epoch / out-of-order messages
+
+
+class Worker:
+    role = "worker"
+
+    def __init__(self, topology: Topology, inbox: str, index: int = 0):
+        self.topology, self.index = topology, index
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.ctx = zmq.Context()
+        self.inbox = self._socket(zmq.PULL)
+        self.inbox.bind(bind_endpoint(inbox))
+        self.to_orch = self._push(topology.orchestrator)
+        self.stop = False
+        self.dropped = {"malformed": 0, "stale": 0, "overflow": 0, "protocol": 0}
+        self.rid, self.epoch = "", -1
+        self._last_beat = 0.0
+
+    def _socket(self, kind) -> zmq.Socket:
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        return s
+
+    def _push(self, endpoint: str) -> zmq.Socket:
+        s = self._socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 10000)
+        s.connect(endpoint)
+        return s
+
+    def send(self, sock: zmq.Socket, kind: str, header: dict, tensors=None) -> None:
+        if not wire.send(sock, kind, {"rid": self.rid, "epoch": max(self.epoch, 0), **header}, tensors, timeout_ms=2000):
+            log.warning("[send] %s to a peer timed out (peer down?)", kind)
+
+    def run(self) -> None:
+        """Loop until SIGTERM/SIGINT; the handlers only set a flag."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        log.info("[start] %s %d incarnation %s pid %d", self.role, self.index, self.incarnation, os.getpid())
+        self._beat("HELLO")
+        try:
+            while not self.stop:
+                self._maybe_beat()
+                try:
+                    msg = wire.recv(self.inbox, POLL_MS)
+                except wire.WireError as e:
+                    self.dropped["malformed"] += 1
+                    log.warning("[drop] malformed message (%s); %d so far", e, self.dropped["malformed"])
+                    continue
+                if msg is not None:
+                    self._dispatch(msg)
+        finally:
+            self.close()
+
+    def _dispatch(self, msg: wire.Message) -> None:
+        try:
+            self.handle(msg)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+            self.dropped["protocol"] += 1
+            log.error("[protocol] %s %d dropped %s pos %s: %s", self.role, self.index, msg.kind, msg.header.get("pos"), e)
+
+    def handle(self, msg: wire.Message) -> None:
+        raise NotImplementedError
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop = True
+
+    def _maybe_beat(self) -> None:
+        if time.monotonic() - self._last_beat >= HEARTBEAT_S:
+            self._beat("HEARTBEAT")
+
+    def _beat(self, kind: str) -> None:
+        self._last_beat = time.monotonic()
+        wire.send(self.to_orch, kind, {"rid": "", "epoch": 0, "pos": 0, "role": self.role, "index": self.index,
+                                       "incarnation": self.incarnation, "pid": os.getpid(),
+                                       "dropped": self.dropped}, timeout_ms=0)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+        log.info("[stop] %s %d", self.role, self.index)

@@ -1,0 +1,39 @@
+"""Start and stop a real multi-process pipeline (`spd up`'s Cluster) from tests."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+from spd.runtime.launcher import Cluster, ClusterConfig
+from spd.runtime.topology import free_ports
+
+
+@contextlib.contextmanager
+def running_cluster(log_dir: Path, ready_s: float = 240.0, **kw):
+    """Yield a healthy Cluster (processes supervised by the caller via supervise_once)."""
+    cfg = ClusterConfig(port=free_ports(1)[0], log_dir=log_dir, **kw)
+    cluster = Cluster(cfg)
+    cluster.start()
+    try:
+        deadline = time.monotonic() + ready_s
+        while not cluster.healthy():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster not healthy in {ready_s} s; logs in {log_dir}")
+            cluster.supervise_once()
+            time.sleep(0.3)
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def address(cluster: Cluster) -> str:
+    return f"127.0.0.1:{cluster.cfg.port}"
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
