@@ -30,6 +30,7 @@ def add_parser(sub) -> None:
     st = sub.add_parser("stage", help="run pipeline stage J of N")
     st.add_argument("--index", type=int, required=True, help="1-based stage index")
     st.add_argument("--of", type=int, required=True, help="number of stages n")
+    st.add_argument("--zero-compute", action="store_true", help="BENCHMARK ONLY: a stage that computes nothing")
     _common(st)
     st.set_defaults(run=run_stage)
     dr = sub.add_parser("drafter", help="run the drafter (PDM)")
@@ -75,8 +76,13 @@ def run_stage(args) -> int:
     if args.of != topology.n or not 1 <= args.index <= topology.n:
         raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {topology.n} stages")
     server, health = _serve_health(args)
-    stage = load_stage(model_dir, config, split.layers_of(args.index), anchors_for(args.draft, model_dir, split),
-                       args.device, dtype)
+    if args.zero_compute:
+        from spd.runtime.zero_stage import ZeroComputeStage
+
+        stage = ZeroComputeStage(args.index, topology.n, config.hidden_size, config.vocab_size)
+    else:
+        stage = load_stage(model_dir, config, split.layers_of(args.index), anchors_for(args.draft, model_dir, split),
+                           args.device, dtype)
     worker = StageWorker(topology, args.index, stage)
     if health:
         health.set("", SERVING)
@@ -100,7 +106,8 @@ def run_drafter(args) -> int:
         from spd.core.scripted import ScriptedDrafter
 
         script = [int(t) for t in args.script.split(",")]
-        state = ScriptedDrafter([], config.vocab_size, wrong_every=args.script_wrong_every, continuation=script)
+        state = ScriptedDrafter([], config.vocab_size, wrong_every=args.script_wrong_every, continuation=script,
+                                n=topology.n)
     else:
         pdm = load_pdm(args.draft, model_dir, config, split, args.ls, args.device, dtype)
         state = DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split)

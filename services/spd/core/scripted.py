@@ -17,8 +17,9 @@ from spd.core.sampling import SamplingParams
 
 class ScriptedDrafter:
     def __init__(self, oracle: list[int], vocab_size: int, wrong: bool = False, wrong_every: int = 0,
-                 continuation: list[int] | None = None):
+                 continuation: list[int] | None = None, n: int | None = None):
         self.oracle, self.vocab_size = oracle, vocab_size
+        self.n = n  # if set, drafting waits for the staircase like the PDM drafter (timing-faithful)
         self.continuation = continuation  # if set, the oracle becomes prompt + continuation at each prefill
         self.wrong, self.wrong_every = wrong, wrong_every
         self.depth: list[int] = []
@@ -40,13 +41,17 @@ class ScriptedDrafter:
         self.depth.extend([0] * len(tokens))
 
     def observe(self, position: int, count: int, stage: int, anchors) -> None:
-        pass
+        for i in range(position, min(position + count, self.length)):
+            self.depth[i] = max(self.depth[i], stage)
 
     def staircase(self, base: int, s0: int) -> list[int]:
-        return list(self.depth)
+        if self.n is None:
+            return list(self.depth)
+        T = self.length
+        return [min(self.n, s0 + T - 1 - i) if i >= base else self.n for i in range(T)]
 
     def ready(self, depths: list[int]) -> bool:
-        return True
+        return all(seen >= want for seen, want in zip(self.depth, depths))
 
     def draft(self, params: SamplingParams, depths: list[int] | None = None) -> Draft:
         pos = self.length

@@ -34,6 +34,8 @@ class ClusterConfig:
     metrics_port: int = 0  # orchestrator Prometheus port; 0 = off
     log_dir: Path | None = None  # per-process logs (default: inherit stderr)
     extra_drafter_args: list[str] = field(default_factory=list)  # e.g. ["--script", "..."] (tests)
+    extra_stage_args: list[str] = field(default_factory=list)  # e.g. ["--zero-compute"] (benchmarks)
+    queue_size: int = 16  # orchestrator: requests waiting beyond the running one
     ready_timeout_s: float = 300.0  # give up if not healthy by then
 
 
@@ -64,13 +66,14 @@ class Cluster:
             common += ["--draft", cfg.draft]
         devices = cfg.devices or ["cpu"] * (cfg.n + 1)
         procs = [Proc(f"stage-{j}", ["stage", "--index", str(j), "--of", str(cfg.n), "--device", devices[j - 1],
-                                     "--health-port", str(ports[j - 1])] + common, f"127.0.0.1:{ports[j - 1]}")
+                                     "--health-port", str(ports[j - 1])] + common + cfg.extra_stage_args,
+                      f"127.0.0.1:{ports[j - 1]}")
                  for j in range(1, cfg.n + 1)]
         procs.append(Proc("drafter", ["drafter", "--device", devices[min(cfg.n, len(devices) - 1)],
                                       "--health-port", str(ports[cfg.n])] + common + cfg.extra_drafter_args,
                           f"127.0.0.1:{ports[cfg.n]}"))
         orch = ["orchestrator", "--topology", topo.to_json(), "--port", str(cfg.port), "--schedule", cfg.schedule,
-                "--metrics-port", str(cfg.metrics_port)] + (["--model", cfg.model] if cfg.model else [])
+                "--metrics-port", str(cfg.metrics_port), "--queue-size", str(cfg.queue_size)] + (["--model", cfg.model] if cfg.model else [])
         procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}"))
         return procs
 
