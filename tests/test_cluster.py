@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -18,6 +20,7 @@ from spd.local import PipelineConfig, build_local
 from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
 from spd.runtime.health import check
+from spd.runtime.topology import free_ports
 from spd.text import encode_prompt
 from spd_client import SPDClient
 from spd_client.client import SPDError
@@ -70,37 +73,81 @@ def test_a_sometimes_wrong_drafter_causes_flushes_and_output_stays_identical(tin
     assert (got.stats["accepts"], got.stats["rejects"], got.stats["cycles"]) == (ref.stats.accepts, ref.stats.rejects, ref.stats.cycles)
 
 
-def test_bad_requests_get_invalid_argument_and_the_next_request_succeeds(tiny_chat_model, tmp_path):
+@pytest.fixture(scope="module")
+def shared_cluster(tiny_chat_model, tmp_path_factory):
+    """One n = 2 cluster for the API-behaviour tests: a short queue, metrics on."""
+    port = free_ports(1)[0]
+    with running_cluster(tmp_path_factory.mktemp("shared"), n=2, model=str(tiny_chat_model), draft="random",
+                         queue_size=1, metrics_port=port) as cluster:
+        yield cluster
+
+
+def test_bad_requests_get_invalid_argument_and_the_next_request_succeeds(tiny_chat_model, shared_cluster):
     bad = [dict(prompt=""), dict(prompt="x", max_tokens=0), dict(prompt="x", max_tokens=10**7),
            dict(prompt="x", temperature=-1.0), dict(prompt="x", top_p=0.0), dict(prompt="x", top_p=1.5),
            dict(prompt="x", top_k=-3), dict(prompt="x" * 300_000)]
-    with running_cluster(tmp_path, n=2, model=str(tiny_chat_model), draft="random") as cluster:
-        with SPDClient(address(cluster), timeout=60, retries=0) as client:
-            for kwargs in bad:
-                with pytest.raises(SPDError) as err:
-                    client.generate(**kwargs)
-                assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT, kwargs
-            ok = client.generate(PROMPTS[1], max_tokens=8)
+    with SPDClient(address(shared_cluster), timeout=60, retries=0) as client:
+        for kwargs in bad:
+            with pytest.raises(SPDError) as err:
+                client.generate(**kwargs)
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT, kwargs
+        ok = client.generate(PROMPTS[1], max_tokens=8)
     assert ok.token_ids == ar_reference(tiny_chat_model, PROMPTS[1], 8)
 
 
-def test_garbage_frames_sent_to_every_worker_do_not_stop_it(tiny_chat_model, tmp_path):
-    with running_cluster(tmp_path, n=2, model=str(tiny_chat_model), draft="random") as cluster:
-        ctx = zmq.Context()
-        try:
-            endpoints = [*cluster.topology.stages, cluster.topology.drafter, cluster.topology.orchestrator]
-            for endpoint in endpoints:
-                sock = ctx.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(endpoint)
-                for frames in ([b"\x00garbage"], [b"HIDDEN", b"\xc1not msgpack"], [b"EXIT", b"\x80", b"x" * 100],
-                               [b"PREFILL", b"\x83\xa3rid\xa1x\xa5epoch\x01\xa3pos\xff"]):
-                    sock.send_multipart(frames)
-                sock.close()
-            time.sleep(1.0)
-            assert all(p.popen.poll() is None for p in cluster.procs), "a process died"
-            assert all(check(p.health) for p in cluster.procs)
-            with SPDClient(address(cluster), timeout=60) as client:
-                assert client.generate(PROMPTS[0], max_tokens=8).token_ids == ar_reference(tiny_chat_model, PROMPTS[0], 8)
-        finally:
-            ctx.destroy(linger=0)
+def test_garbage_frames_sent_to_every_worker_do_not_stop_it(tiny_chat_model, shared_cluster):
+    cluster = shared_cluster
+    ctx = zmq.Context()
+    try:
+        endpoints = [*cluster.topology.stages, cluster.topology.drafter, cluster.topology.orchestrator]
+        for endpoint in endpoints:
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            for frames in ([b"\x00garbage"], [b"HIDDEN", b"\xc1not msgpack"], [b"EXIT", b"\x80", b"x" * 100],
+                           [b"PREFILL", b"\x83\xa3rid\xa1x\xa5epoch\x01\xa3pos\xff"]):
+                sock.send_multipart(frames)
+            sock.close()
+        time.sleep(1.0)
+        assert all(p.popen.poll() is None for p in cluster.procs), "a process died"
+        assert all(check(p.health) for p in cluster.procs)
+        with SPDClient(address(cluster), timeout=60) as client:
+            assert client.generate(PROMPTS[0], max_tokens=8).token_ids == ar_reference(tiny_chat_model, PROMPTS[0], 8)
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_cancelling_a_stream_frees_the_pipeline_for_the_next_request(tiny_chat_model, shared_cluster):
+    with SPDClient(address(shared_cluster), timeout=60) as client:
+        stream = client.stream(PROMPTS[0], max_tokens=400)
+        got = [next(stream) for _ in range(3)]
+        stream.close()  # cancels the call; the server flushes the pipeline
+        assert len(got) == 3
+        t0 = time.monotonic()
+        ok = client.generate(PROMPTS[1], max_tokens=8)
+    assert ok.token_ids == ar_reference(tiny_chat_model, PROMPTS[1], 8)
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_full_queue_answers_resource_exhausted_and_accepted_requests_are_correct(tiny_chat_model, shared_cluster):
+    expected = ar_reference(tiny_chat_model, PROMPTS[0], 48)
+
+    def call(_):
+        with SPDClient(address(shared_cluster), timeout=120, retries=0) as client:
+            try:
+                return client.generate(PROMPTS[0], max_tokens=48).token_ids
+            except SPDError as e:
+                return e.code
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(8)))
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED in results
+    done = [r for r in results if isinstance(r, list)]
+    assert done and all(r == expected for r in done)
+
+
+def test_metrics_endpoint_counts_commits_and_flushes(shared_cluster):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{shared_cluster.cfg.metrics_port}/metrics", timeout=10).read().decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("spd_")}
+    assert values["spd_commits_total"] > 0 and values["spd_flushes_total"] > 0
+    assert 'spd_requests_total{outcome="invalid"}' in values
