@@ -37,3 +37,27 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+@contextlib.contextmanager
+def supervised(cluster: Cluster, period_s: float = 0.2):
+    """Run the cluster's supervisor (restart dead processes) in a thread, as `spd up` does."""
+    import threading
+
+    stop = threading.Event()
+
+    def loop():
+        while not stop.wait(period_s):
+            cluster.supervise_once()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield cluster
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def pid_of(cluster: Cluster, role: str) -> int:
+    return next(p.popen.pid for p in cluster.procs if p.role == role)

@@ -51,7 +51,8 @@ class Driver:
         self.n = topology.n
         self.jobs: "queue.Queue[Job]" = queue.Queue(maxsize=cfg.queue_size)
         self.registry = Registry(self.n)
-        self.epoch = 0
+        # Epochs only grow, across orchestrator restarts too (workers drop anything older).
+        self.epoch = int(time.time() * 1000)
         self.stop = threading.Event()
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
@@ -184,11 +185,11 @@ class _Run:
             except _Fault as e:
                 self._recover(str(e))
 
-    def _prefill(self, ids: list[int]) -> None:
+    def _prefill(self, ids: list[int], prompt_len: int | None = None) -> None:
         params = {"temperature": self.job.params.temperature, "top_k": self.job.params.top_k,
                   "top_p": self.job.params.top_p, "seed": self.job.params.seed}
         self.fill_start = len(ids)
-        self.d.broadcast("PREFILL", {"rid": self.job.rid, "base": 0, "params": params,
+        self.d.broadcast("PREFILL", {"rid": self.job.rid, "base": 0, "params": params, "prompt_len": prompt_len or len(ids),
                                      "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit},
                          {"ids": torch.tensor(ids, dtype=torch.int64)})
         self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
@@ -198,6 +199,9 @@ class _Run:
         msg = self.d._poll(20)
         if self.d.take_restart():
             raise _Fault("a worker restarted")
+        missing = self.d.registry.missing(need_drafter=False)
+        if missing:
+            raise _Fault(f"{', '.join(missing)} stopped sending heartbeats")
         if msg is not None and msg.rid == self.job.rid and msg.epoch == self.d.epoch:
             if msg.kind == "DRAFT":
                 self._offer(msg)
@@ -275,7 +279,7 @@ class _Run:
         self.verifier.drafts = {}
         self.verifier._reseeded = True
         self.exits = {}
-        self._prefill(self.verifier.tokens)
+        self._prefill(self.verifier.tokens, prompt_len=len(self.job.prompt_ids))
 
     def _finish(self, reason: str) -> None:
         v, now = self.verifier, time.monotonic()

@@ -101,27 +101,38 @@ class StageWorker(Worker):
     # -- compute ----------------------------------------------------------------------------------
 
     def _forward(self, msg: wire.Message) -> None:
-        tokens, x = self._input(msg)
-        log.debug("[forward] epoch %d %s pos %d (%d tokens)", self.epoch, msg.kind, msg.pos, len(tokens))
-        t0 = time.perf_counter()
-        out = self.stage(x, msg.pos)
-        t_ms = 1e3 * (time.perf_counter() - t0)
         chain = list(msg.header.get("stage_ms", [])) if msg.kind == "HIDDEN" else []
-        head = {"pos": msg.pos, "base": self.base, "tokens": tokens, "t_ms": t_ms, "stage_ms": chain + [t_ms]}
-        anchors = {f"a{b}": h for b, h in out.anchors.items()}
-        self.send(self.to_drafter, "ANCHORS", {**head, "stage": self.index, "count": len(tokens)}, anchors)
-        if self.last:
-            self._exit(head, out.logits[-1])
-        else:
-            self.send(self.to_next, "HIDDEN", head, {"h": out.hidden})
+        for pos, tokens, x in self._inputs(msg):
+            log.debug("[forward] epoch %d %s pos %d (%d tokens)", self.epoch, msg.kind, pos, len(tokens))
+            t0 = time.perf_counter()
+            out = self.stage(x, pos)
+            t_ms = 1e3 * (time.perf_counter() - t0)
+            head = {"pos": pos, "base": self.base, "tokens": tokens, "t_ms": t_ms, "stage_ms": chain + [t_ms]}
+            anchors = {f"a{b}": h for b, h in out.anchors.items()}
+            self.send(self.to_drafter, "ANCHORS", {**head, "stage": self.index, "count": len(tokens)}, anchors)
+            if self.last:
+                self._exit(head, out.logits[-1])
+            else:
+                self.send(self.to_next, "HIDDEN", head, {"h": out.hidden})
 
-    def _input(self, msg: wire.Message) -> tuple[list[int], torch.Tensor]:
+    def _inputs(self, msg: wire.Message):
+        """(position, token ids, stage input) chunks of one message.
+
+        A PREFILL runs the prompt as one chunk and, when it re-prefills after a fault, every
+        generated token after it one at a time, exactly as they were first computed, so the rebuilt
+        KV caches are bit-identical and greedy output cannot change.
+        """
         if msg.kind == "PREFILL":
             ids = msg.tensors["ids"].to(torch.long)
-            return ids.tolist(), ids
-        if msg.kind in ("RESEED", "DRAFT"):
-            return [int(msg.header["token"])], torch.tensor([int(msg.header["token"])])
-        return list(msg.header["tokens"]), msg.tensors["h"].clone()
+            split = int(msg.header.get("prompt_len", len(ids)))
+            yield 0, ids[:split].tolist(), ids[:split]
+            for pos in range(split, len(ids)):
+                yield pos, [int(ids[pos])], ids[pos:pos + 1]
+        elif msg.kind in ("RESEED", "DRAFT"):
+            token = int(msg.header["token"])
+            yield msg.pos, [token], torch.tensor([token])
+        else:
+            yield msg.pos, list(msg.header["tokens"]), msg.tensors["h"].clone()
 
     def _exit(self, head: dict, logits: torch.Tensor) -> None:
         """The exiting token's distribution, compactly: argmax (greedy) or the processed support."""

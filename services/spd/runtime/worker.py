@@ -1,7 +1,8 @@
 """What stage and drafter processes share: sockets, registration, heartbeats, the receive loop.
 
 A worker owns one PULL inbox (bound) and PUSH sockets to its peers (connected). It registers with
-the orchestrator (HELLO with a fresh incarnation id) and sends heartbeats. Malformed frames are
+the orchestrator (HELLO with a fresh incarnation id) and sends heartbeats from a thread of its own
+(own socket), so a long forward never looks like a death. Malformed frames are
 dropped, logged and counted; messages of older epochs are dropped; messages of newer epochs wait
 for the control message (PREFILL / RESEED / CANCEL) that opens that epoch.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 import uuid
 
@@ -22,7 +24,7 @@ from spd.runtime.topology import Topology, bind_endpoint
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 0.5  # heartbeat period
-POLL_MS = 100  # inbox poll: bounds how late a heartbeat or a stop flag is noticed
+POLL_MS = 100  # inbox poll: bounds how late a stop flag is noticed
 MAX_PENDING = 4096  # buffered future-epoch / out-of-order messages
 
 
@@ -39,7 +41,7 @@ class Worker:
         self.stop = False
         self.dropped = {"malformed": 0, "stale": 0, "overflow": 0, "protocol": 0}
         self.rid, self.epoch = "", -1
-        self._last_beat = 0.0
+        self._beats = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
 
     def _socket(self, kind) -> zmq.Socket:
         s = self.ctx.socket(kind)
@@ -62,10 +64,9 @@ class Worker:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         log.info("[start] %s %d incarnation %s pid %d", self.role, self.index, self.incarnation, os.getpid())
-        self._beat("HELLO")
+        self._beats.start()
         try:
             while not self.stop:
-                self._maybe_beat()
                 try:
                     msg = wire.recv(self.inbox, POLL_MS)
                 except wire.WireError as e:
@@ -90,16 +91,21 @@ class Worker:
     def _on_signal(self, signum, frame) -> None:
         self.stop = True
 
-    def _maybe_beat(self) -> None:
-        if time.monotonic() - self._last_beat >= HEARTBEAT_S:
-            self._beat("HEARTBEAT")
-
-    def _beat(self, kind: str) -> None:
-        self._last_beat = time.monotonic()
-        wire.send(self.to_orch, kind, {"rid": "", "epoch": 0, "pos": 0, "role": self.role, "index": self.index,
+    def _heartbeat_loop(self) -> None:
+        sock = self._push(self.topology.orchestrator)
+        try:
+            kind = "HELLO"
+            while not self.stop:
+                wire.send(sock, kind, {"rid": "", "epoch": 0, "pos": 0, "role": self.role, "index": self.index,
                                        "incarnation": self.incarnation, "pid": os.getpid(),
-                                       "dropped": self.dropped}, timeout_ms=0)
+                                       "dropped": dict(self.dropped)}, timeout_ms=0)
+                kind = "HEARTBEAT"
+                time.sleep(HEARTBEAT_S)
+        finally:
+            sock.close(linger=0)
 
     def close(self) -> None:
+        self.stop = True
+        self._beats.join(timeout=2 * HEARTBEAT_S)
         self.ctx.destroy(linger=0)
         log.info("[stop] %s %d", self.role, self.index)
