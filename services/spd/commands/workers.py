@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
+import socket
 
 import torch
 
@@ -28,7 +31,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub) -> None:
     st = sub.add_parser("stage", help="run pipeline stage J of N")
-    st.add_argument("--index", type=int, required=True, help="1-based stage index")
+    st.add_argument("--index", type=int, help="1-based stage index (default: $SPD_STAGE_INDEX, else in a Kubernetes "
+                    "StatefulSet pod the ordinal of its hostname + 1: spd-stage-3 -> 4)")
     st.add_argument("--of", type=int, required=True, help="number of stages n")
     st.add_argument("--zero-compute", action="store_true", help="BENCHMARK ONLY: a stage that computes nothing")
     _common(st)
@@ -47,7 +51,27 @@ def add_parser(sub) -> None:
     orch.add_argument("--metrics-port", type=int, default=0)
     orch.add_argument("--schedule", choices=["pre", "post"], default="pre")
     orch.add_argument("--queue-size", type=int, default=16)
+    orch.add_argument("--worker-wait", type=float, default=60.0, help="seconds a request waits for a missing stage")
     orch.set_defaults(run=run_orchestrator)
+
+
+def stage_index(arg: int | None, env=os.environ) -> int:
+    """The stage index: --index, else $SPD_STAGE_INDEX, else (in a pod) the StatefulSet ordinal + 1.
+
+    The hostname is used only inside Kubernetes ($KUBERNETES_SERVICE_HOST is set in every pod), so a
+    machine named like "node-3" never picks an index by accident.
+    """
+    if arg is not None:
+        return arg
+    if env.get("SPD_STAGE_INDEX"):
+        return int(env["SPD_STAGE_INDEX"])
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        hostname = env.get("HOSTNAME") or socket.gethostname()
+        m = re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?-(\d+)", hostname)
+        if m:
+            return int(m.group(2)) + 1
+    raise SystemExit("no stage index: pass --index J, set SPD_STAGE_INDEX, or run in a StatefulSet pod "
+                     f"(hostname NAME-ORDINAL, HOSTNAME={env.get('HOSTNAME')!r})")
 
 
 def _setup(args):
@@ -72,6 +96,7 @@ def run_stage(args) -> int:
     from spd.runtime.health import SERVING
     from spd.runtime.stage_worker import StageWorker
 
+    args.index = stage_index(args.index)
     topology, model_dir, config, split, dtype = _setup(args)
     if args.of != topology.n or not 1 <= args.index <= topology.n:
         raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {topology.n} stages")
@@ -127,5 +152,5 @@ def run_orchestrator(args) -> int:
 
     torch.set_num_threads(1)
     serve(OrchestratorConfig(Topology.from_arg(args.topology), args.model, args.port, args.host, args.metrics_port,
-                             args.schedule, args.queue_size))
+                             args.schedule, args.queue_size, worker_wait_s=args.worker_wait))
     return 0

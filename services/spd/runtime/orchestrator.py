@@ -33,13 +33,14 @@ class OrchestratorConfig:
     schedule: str = "pre"  # staircase schedule: pre | post
     queue_size: int = 16  # requests waiting beyond the running one
     max_tokens: int = 4096  # largest max_tokens a request may ask for
+    worker_wait_s: float = 60.0  # a request fails UNAVAILABLE if a stage stays missing this long
 
 
 def serve(cfg: OrchestratorConfig) -> None:
     model_dir = resolve_model(cfg.model)
     config, tokenizer = load_config(model_dir), load_tokenizer(model_dir)
     driver = Driver(cfg.topology, DriverConfig(config.vocab_size, config.max_position_embeddings, cfg.schedule,
-                                               cfg.queue_size))
+                                               cfg.queue_size, worker_wait_s=cfg.worker_wait_s))
     driver.start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + 8),
                          options=[("grpc.max_receive_message_length", 4 << 20)])
