@@ -82,7 +82,8 @@ class SPDClient:
 
     def generate(self, prompt: str | None = None, messages: Iterable | None = None, *,
                  timeout: float | None = None, **params) -> Result:
-        """One whole completion. params: raw, max_tokens, temperature, top_k, top_p, seed, stop, request_id."""
+        """One whole completion. params: raw, max_tokens, temperature, top_k, top_p, seed, stop, request_id,
+        coupling ("rejection" | "gumbel")."""
         request = build_request(prompt, messages, **params)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         failures = 0
@@ -192,10 +193,10 @@ class _Replay:
 def build_request(prompt: str | None = None, messages: Iterable | None = None, *, raw: bool = False,
                   max_tokens: int | None = None, temperature: float = 0.0, top_k: int = 0,
                   top_p: float | None = None, seed: int = 0, stop: Iterable[str] = (),
-                  request_id: str = "") -> spd_pb2.GenerateRequest:
+                  request_id: str = "", coupling: str = "") -> spd_pb2.GenerateRequest:
     """A GenerateRequest; messages are {"role", "content"} dicts or (role, content) pairs."""
     request = spd_pb2.GenerateRequest(prompt=prompt or "", raw=raw, temperature=temperature, top_k=top_k,
-                                      seed=seed, stop=list(stop), request_id=request_id)
+                                      seed=seed, stop=list(stop), request_id=request_id, coupling=coupling)
     for m in messages or ():
         role, content = (m["role"], m["content"]) if isinstance(m, dict) else m
         request.messages.add(role=role, content=content)

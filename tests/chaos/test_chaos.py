@@ -91,3 +91,20 @@ def test_kill_the_orchestrator_the_sdk_retries_and_gets_the_identical_output(clu
     tokens, _ = _stream_with_kill(cluster, "orchestrator", after=10, retries=20)
     assert tokens == expected
     time.sleep(0.5)
+
+
+def test_sampled_gumbel_coupled_stream_survives_a_stage_kill_identically(cluster, model_dir):
+    # With Gumbel coupling every committed token is a fixed function of (p, seed, position), so
+    # the continuation after a recovery is the fault-free one (and equals plain AR sampling).
+    local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
+    params = SamplingParams(temperature=1.0, top_k=50, seed=11, coupling="gumbel")
+    rule = StopRule(MAX_TOKENS, eos_ids_of(local.tokenizer, local.config))
+    want = ar_generate(local.stages, encode_prompt(local.tokenizer, PROMPT), params, rule).token_ids
+    tokens = []
+    with SPDClient(address(cluster), timeout=180) as client:
+        for i, chunk in enumerate(client.stream(PROMPT, max_tokens=MAX_TOKENS, temperature=1.0, top_k=50, seed=11,
+                                                coupling="gumbel")):
+            tokens += chunk.token_ids
+            if i == 15:
+                os.kill(pid_of(cluster, "stage-2"), signal.SIGKILL)
+    assert tokens == want

@@ -38,6 +38,7 @@ class ValidRequest:
     seed: int  # uint64
     stop: tuple[str, ...]  # stop strings
     request_id: str  # client-chosen id, "" if none
+    coupling: str = "rejection"  # sampled verification: rejection | gumbel
 
     def chat(self) -> list[dict[str, str]]:
         """Messages in the form tokenizer.apply_chat_template takes."""
@@ -64,7 +65,14 @@ def validate(req: spd_pb2.GenerateRequest, limits: Limits = Limits()) -> ValidRe
         seed=int(req.seed),
         stop=_check_stop(req.stop),
         request_id=_check_request_id(req.request_id),
+        coupling=_check_coupling(req.coupling),
     )
+
+
+def _check_coupling(coupling: str) -> str:
+    if coupling in ("", "rejection", "gumbel"):
+        return coupling or "rejection"
+    raise InvalidRequest(f"coupling is {coupling[:40]!r}; it must be 'rejection' or 'gumbel' (unset = rejection)")
 
 
 def _check_input(req, limits: Limits) -> tuple[str | None, tuple[tuple[str, str], ...]]:

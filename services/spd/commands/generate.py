@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--coupling", choices=["rejection", "gumbel"], default="rejection",
+                   help="sampled verification: rejection sampling, or shared Gumbel noise (identical to AR sampling)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = PipelineConfig(model=args.model, n=1 if args.engine == "ar" else args.n, split=args.split,
                          draft=args.draft, ls=args.ls, device=args.device, dtype=args.dtype)
     local = build_local(cfg, with_drafter=args.engine != "ar")
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.coupling)
     stop = StopRule(args.max_tokens, eos_ids_of(local.tokenizer, local.config), tuple(args.stop), local.tokenizer)
     prompt_ids = encode_prompt(local.tokenizer, args.prompt, raw=args.raw)
     stats, trace = Stats(n=len(local.stages)), []

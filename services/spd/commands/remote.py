@@ -14,7 +14,7 @@ DEFAULT_TIMEOUT_S = 600.0  # deadline of the call when args has no --timeout
 def run_remote(args: argparse.Namespace) -> int:
     """Stream the completion to stdout (summary on stderr), or print one JSON object with --json."""
     params = dict(raw=args.raw, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, seed=args.seed, stop=args.stop)
+                  top_p=args.top_p, seed=args.seed, stop=args.stop, coupling=getattr(args, "coupling", ""))
     timeout = getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S
     try:
         with SPDClient(args.address, timeout=timeout) as client:

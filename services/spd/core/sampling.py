@@ -8,6 +8,13 @@ min(1, p(x)/q(x)); on rejection the correction is drawn from r = normalize(max(0
 P(output = y) = q(y)·min(1, p(y)/q(y)) + (1 - Σ_x min(p, q)(x))·r(y)
              = min(p, q)(y) + (p(y) - min(p, q)(y)) = p(y),
 so the output has exactly the target's distribution.
+
+Gumbel coupling (`coupling="gumbel"`, an option): both sides share the noise G[pos] ~ Gumbel^V keyed
+by (seed, position). The target's token is argmax(log p + G) — an exact sample of p (Gumbel-max
+trick) — and the drafter proposes argmax(log q + G); the draft is accepted iff they are equal, and
+the committed token is always the target's. So every committed token is a fixed function of
+(p, seed, position): identical to plain AR sampling with the same seed, and identical after a
+fault and recovery whatever the drafter did. The price is a lower acceptance than min(1, p/q).
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import numpy as np
 import torch
 
 # Independent random streams per position: one number never serves two purposes.
-STREAM_TARGET, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL = 0, 1, 2, 3
+STREAM_TARGET, STREAM_DRAFT, STREAM_ACCEPT, STREAM_RESIDUAL, STREAM_GUMBEL = 0, 1, 2, 3, 4
+COUPLINGS = ("rejection", "gumbel")
 
 
 @dataclass(frozen=True)
@@ -27,10 +35,17 @@ class SamplingParams:
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     top_p: float = 1.0  # keep the smallest set with cumulative probability >= top_p; 1 = off
     seed: int = 0  # with the position, keys every random number
+    coupling: str = "rejection"  # sampled verification: rejection (max acceptance) | gumbel (fault-proof)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def decided(self) -> bool:
+        """Is the target's token a fixed function of (logits, seed, position)? Then judging a draft
+        is an equality test (greedy, or Gumbel-coupled sampling)."""
+        return self.greedy or self.coupling == "gumbel"
 
 
 def keyed_generator(seed: int, position: int, stream: int) -> torch.Generator:
@@ -59,23 +74,38 @@ def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
+def gumbel_noise(seed: int, position: int, size: int) -> torch.Tensor:
+    """G[position]: [size] standard Gumbel noise keyed by (seed, position)."""
+    u = torch.rand(size, generator=keyed_generator(seed, position, STREAM_GUMBEL)).clamp_(1e-12, 1 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+def coupled_sample(probs: torch.Tensor, seed: int, position: int) -> int:
+    """argmax(log p + G[position]): an exact sample of p, shared by target and drafter."""
+    return int(torch.argmax(torch.log(probs) + gumbel_noise(seed, position, probs.numel())))
+
+
 def choose(logits: torch.Tensor, params: SamplingParams, position: int, stream: int = STREAM_TARGET) -> tuple[int, torch.Tensor | None]:
     """Pick the token for `position` from logits [V]: argmax, or a keyed sample. Returns (token, probs)."""
     if params.greedy:
         return int(torch.argmax(logits)), None
     probs = process(logits, params)
+    if params.coupling == "gumbel":
+        return coupled_sample(probs, params.seed, position), probs
     return sample(probs, keyed_generator(params.seed, position, stream)), probs
 
 
-def verify(p: torch.Tensor | None, target_argmax: int, draft: int, q: torch.Tensor | None,
+def verify(p: torch.Tensor | None, target_token: int, draft: int, q: torch.Tensor | None,
            params: SamplingParams, position: int) -> tuple[bool, int]:
     """Judge the draft for `position`. Returns (accepted, committed token).
 
-    greedy: accept iff draft == argmax p; else commit the argmax.
-    sampling: accept with prob min(1, p(x)/q(x)); else commit a sample of normalize(max(0, p - q)).
+    greedy / gumbel: accept iff draft == the target's decided token (argmax, or argmax(log p + G));
+    else commit that token.
+    rejection sampling: accept with prob min(1, p(x)/q(x)); else commit a sample of
+    normalize(max(0, p - q)).
     """
-    if params.greedy:
-        return draft == target_argmax, target_argmax
+    if params.decided:
+        return draft == target_token, target_token
     u = torch.rand((), generator=keyed_generator(params.seed, position, STREAM_ACCEPT))
     px, qx = float(p[draft]), float(q[draft])
     if qx > 0 and u < min(1.0, px / qx):

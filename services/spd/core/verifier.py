@@ -67,13 +67,14 @@ class Verifier:
 
     def judge(self, pos: int, logits: torch.Tensor | None = None, p: torch.Tensor | None = None,
               argmax: int | None = None) -> Verdict:
-        """The token at `pos` left stage n with target logits [V] (or processed p [V] / argmax)."""
+        """The token at `pos` left stage n with target logits [V], or in compact form: the processed
+        p [V] (rejection sampling) or `argmax` = the target's decided token (greedy / gumbel)."""
         judged = pos + 1
         if judged != len(self.tokens):
             raise RuntimeError(f"judging position {judged} but {len(self.tokens)} tokens are committed")
-        if argmax is None:
-            argmax = int(torch.argmax(logits))
-        if p is None and not self.params.greedy:
+        if argmax is None:  # the target's decided token (greedy / gumbel); stage n may send it ready
+            argmax = choose(logits, self.params, judged)[0] if self.params.decided else int(torch.argmax(logits))
+        if p is None and not self.params.decided:
             p = process(logits, self.params)
         if judged in self.drafts:
             draft, q = self.drafts.pop(judged)
@@ -82,7 +83,7 @@ class Verifier:
             self.rejects += not accepted
         else:  # no draft waiting: the target picks, exactly as plain decoding would
             draft, accepted = None, None
-            token = argmax if self.params.greedy else sample(p, keyed_generator(self.params.seed, judged, STREAM_TARGET))
+            token = argmax if self.params.decided else sample(p, keyed_generator(self.params.seed, judged, STREAM_TARGET))
         return self._commit(judged, token, accepted, draft)
 
     def first(self, logits: torch.Tensor | None = None, p: torch.Tensor | None = None,

@@ -10,6 +10,7 @@ prefix under a new epoch and continue.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -186,8 +187,7 @@ class _Run:
                 self._recover(str(e))
 
     def _prefill(self, ids: list[int], prompt_len: int | None = None) -> None:
-        params = {"temperature": self.job.params.temperature, "top_k": self.job.params.top_k,
-                  "top_p": self.job.params.top_p, "seed": self.job.params.seed}
+        params = dataclasses.asdict(self.job.params)
         self.fill_start = len(ids)
         self.d.broadcast("PREFILL", {"rid": self.job.rid, "base": 0, "params": params, "prompt_len": prompt_len or len(ids),
                                      "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit},

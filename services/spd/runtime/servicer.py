@@ -61,7 +61,7 @@ class SPDServicer(spd_pb2_grpc.SPDServicer):
         if len(ids) >= self.driver.cfg.context:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"prompt is {len(ids)} tokens; the model's context is {self.driver.cfg.context}")
-        params = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed)
+        params = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed, req.coupling)
         stop = StopRule(req.max_tokens, self.eos_ids, req.stop, self.tokenizer)
         job = Job(req.request_id or uuid.uuid4().hex[:16], ids, params, stop)
         try:

@@ -15,7 +15,7 @@ import time
 import torch
 
 from spd import wire
-from spd.core.sampling import SamplingParams, process
+from spd.core.sampling import SamplingParams, choose, process
 from spd.core.stage import Stage
 from spd.runtime.topology import Topology
 from spd.runtime.worker import MAX_PENDING, Worker
@@ -134,12 +134,16 @@ class StageWorker(Worker):
         else:
             yield msg.pos, list(msg.header["tokens"]), msg.tensors["h"].clone()
 
+    def _decided(self, logits: torch.Tensor, position: int) -> int:
+        return choose(logits, self.params, position)[0] if self.params.decided else int(torch.argmax(logits))
+
     def _exit(self, head: dict, logits: torch.Tensor) -> None:
-        """The exiting token's distribution, compactly: argmax (greedy) or the processed support."""
+        """The exiting token's distribution, compactly: the decided token (greedy: argmax; gumbel:
+        argmax(log p + G)), plus the processed support for rejection sampling."""
         pos = head["pos"] + len(head["tokens"]) - 1  # the last position of this input
-        summary = {**head, "pos": pos, "argmax": int(torch.argmax(logits))}
+        summary = {**head, "pos": pos, "argmax": self._decided(logits, pos + 1)}
         tensors = None
-        if not self.params.greedy:
+        if not self.params.decided:  # rejection sampling needs the whole processed distribution
             p = process(logits, self.params)
             ids = torch.nonzero(p).flatten()
             tensors = {"ids": ids.to(torch.int32), "probs": p[ids]}
