@@ -65,8 +65,10 @@ class SPDClient:
     def __init__(self, address: str, timeout: float = 60.0, retries: int = 5, backoff: float = 0.2,
                  max_backoff: float = 5.0, tls: bool = False,
                  credentials: grpc.ChannelCredentials | None = None,
-                 options: list[tuple[str, object]] | None = None, seed: int | None = None):
+                 options: list[tuple[str, object]] | None = None, seed: int | None = None,
+                 token: str | None = None):
         self.address = address
+        self._metadata = [("authorization", f"Bearer {token}")] if token else None  # server's --token
         self.timeout = timeout  # default deadline of one call, retries included (seconds)
         self.retries = retries  # retries after UNAVAILABLE without progress (0 = none)
         self.backoff = backoff  # first retry delay (seconds), doubled per retry
@@ -89,7 +91,7 @@ class SPDClient:
         failures = 0
         while True:
             try:
-                response = self._stub.Generate(request, timeout=_remaining(deadline))
+                response = self._stub.Generate(request, timeout=_remaining(deadline), metadata=self._metadata)
                 return Result(response.text, list(response.token_ids), response.finish_reason,
                               stats_dict(response.stats))
             except grpc.RpcError as e:
@@ -129,7 +131,7 @@ class SPDClient:
 
     def _stream_once(self, request, deadline: float, replay: _Replay) -> Iterator[Chunk]:
         replay.restart()
-        call = self._stub.GenerateStream(request, timeout=_remaining(deadline))
+        call = self._stub.GenerateStream(request, timeout=_remaining(deadline), metadata=self._metadata)
         try:
             for message in call:
                 chunk = replay.admit(message)

@@ -52,6 +52,9 @@ def add_parser(sub) -> None:
     orch.add_argument("--schedule", choices=["pre", "post"], default="pre")
     orch.add_argument("--queue-size", type=int, default=16)
     orch.add_argument("--worker-wait", type=float, default=60.0, help="seconds a request waits for a missing stage")
+    orch.add_argument("--tls-cert", help="PEM certificate: serve the API over TLS")
+    orch.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    orch.add_argument("--token", default=os.environ.get("SPD_TOKEN"), help="require this bearer token ($SPD_TOKEN)")
     orch.set_defaults(run=run_orchestrator)
 
 
@@ -152,5 +155,6 @@ def run_orchestrator(args) -> int:
 
     torch.set_num_threads(1)
     serve(OrchestratorConfig(Topology.from_arg(args.topology), args.model, args.port, args.host, args.metrics_port,
-                             args.schedule, args.queue_size, worker_wait_s=args.worker_wait))
+                             args.schedule, args.queue_size, worker_wait_s=args.worker_wait,
+                             tls_cert=args.tls_cert, tls_key=args.tls_key, token=args.token))
     return 0

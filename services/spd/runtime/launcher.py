@@ -36,6 +36,7 @@ class ClusterConfig:
     extra_drafter_args: list[str] = field(default_factory=list)  # e.g. ["--script", "..."] (tests)
     extra_stage_args: list[str] = field(default_factory=list)  # e.g. ["--zero-compute"] (benchmarks)
     queue_size: int = 16  # orchestrator: requests waiting beyond the running one
+    extra_orchestrator_args: list[str] = field(default_factory=list)  # e.g. ["--token", "..."]
     worker_wait_s: float = 60.0  # orchestrator: how long a request waits for a missing stage
     ready_timeout_s: float = 300.0  # give up if not healthy by then
 
@@ -75,7 +76,7 @@ class Cluster:
                           f"127.0.0.1:{ports[cfg.n]}"))
         orch = ["orchestrator", "--topology", topo.to_json(), "--port", str(cfg.port), "--schedule", cfg.schedule,
                 "--metrics-port", str(cfg.metrics_port), "--queue-size", str(cfg.queue_size),
-                "--worker-wait", str(cfg.worker_wait_s)] + (["--model", cfg.model] if cfg.model else [])
+                "--worker-wait", str(cfg.worker_wait_s)] + cfg.extra_orchestrator_args + (["--model", cfg.model] if cfg.model else [])
         procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}"))
         return procs
 

@@ -16,6 +16,7 @@ from spd.core.stopping import eos_ids_of
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.runtime.driver import Driver, DriverConfig
 from spd.runtime.health import NOT_SERVING, SERVING, add_health
+from spd.runtime.security import TokenInterceptor, server_credentials
 from spd.runtime.servicer import SPDServicer
 from spd.runtime.topology import Topology
 from spd_client.v1 import spd_pb2_grpc
@@ -34,6 +35,9 @@ class OrchestratorConfig:
     queue_size: int = 16  # requests waiting beyond the running one
     max_tokens: int = 4096  # largest max_tokens a request may ask for
     worker_wait_s: float = 60.0  # a request fails UNAVAILABLE if a stage stays missing this long
+    tls_cert: str | None = None  # PEM certificate: serve gRPC over TLS (with tls_key)
+    tls_key: str | None = None  # PEM private key
+    token: str | None = None  # require "authorization: Bearer <token>" on SPD calls
 
 
 def serve(cfg: OrchestratorConfig) -> None:
@@ -42,12 +46,16 @@ def serve(cfg: OrchestratorConfig) -> None:
     driver = Driver(cfg.topology, DriverConfig(config.vocab_size, config.max_position_embeddings, cfg.schedule,
                                                cfg.queue_size, worker_wait_s=cfg.worker_wait_s))
     driver.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + 8),
+    interceptors = [TokenInterceptor(cfg.token)] if cfg.token else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + 8), interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 4 << 20)])
     spd_pb2_grpc.add_SPDServicer_to_server(
         SPDServicer(driver, tokenizer, eos_ids_of(tokenizer, config), Limits(max_tokens=cfg.max_tokens)), server)
     health = add_health(server)
-    server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    if cfg.tls_cert:
+        server.add_secure_port(f"{cfg.host}:{cfg.port}", server_credentials(cfg.tls_cert, cfg.tls_key))
+    else:
+        server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     server.start()
     if cfg.metrics_port:
         start_http_server(cfg.metrics_port, addr=cfg.host)

@@ -1,0 +1,62 @@
+"""Optional gRPC protection: a bearer token, and TLS."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cluster_util import address, running_cluster
+from spd.models.loading import resolve_model
+from spd.models.tiny import make_tiny_model
+from spd.runtime.topology import free_ports, local_topology
+from spd_client import SPDClient
+from spd_client.client import SPDError
+
+
+def test_with_a_token_calls_without_it_are_unauthenticated_and_health_stays_open(tmp_path):
+    model = make_tiny_model(tmp_path / "tiny", "llama", vocab_size=49152, num_layers=2, hidden_size=64,
+                            tokenizer_from=resolve_model(None))
+    with running_cluster(tmp_path / "logs", n=2, model=str(model), draft="random",
+                         extra_orchestrator_args=["--token", "s3cret"]) as cluster:
+        with SPDClient(address(cluster), timeout=30, retries=0) as anonymous:
+            with pytest.raises(SPDError) as err:
+                anonymous.generate("hi", max_tokens=2)
+        assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with SPDClient(address(cluster), timeout=60, token="s3cret") as client:
+            assert len(client.generate("hi", max_tokens=2).token_ids) == 2
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a test certificate")
+def test_with_tls_the_api_port_speaks_tls_only(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    port = free_ports(1)[0]
+    proc = subprocess.Popen([sys.executable, "-m", "spd.cli", "orchestrator", "--topology", local_topology(1).to_json(),
+                             "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)])
+    try:
+        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        request = health_pb2.HealthCheckRequest(service="")
+        deadline = time.monotonic() + 120
+        while True:  # the orchestrator answers NOT_SERVING (no workers) once it is up
+            with grpc.secure_channel(f"localhost:{port}", creds) as ch:
+                try:
+                    reply = health_pb2_grpc.HealthStub(ch).Check(request, timeout=2)
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < deadline, "orchestrator never answered over TLS"
+                    time.sleep(0.5)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with grpc.insecure_channel(f"localhost:{port}") as ch:
+            with pytest.raises(grpc.RpcError):
+                health_pb2_grpc.HealthStub(ch).Check(request, timeout=3)
+    finally:
+        proc.terminate()
+        proc.wait(10)
