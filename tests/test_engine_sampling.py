@@ -8,7 +8,6 @@ reject at level 1e-3. False-alarm rate: 1e-3 per parameter set for a correct sam
 fixed, so the outcome is deterministic.
 """
 
-import itertools
 
 import pytest
 import torch

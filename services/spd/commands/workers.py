@@ -94,9 +94,22 @@ def _serve_health(args):
     return start_health_server(args.health_port, args.health_host)
 
 
+def _serve_worker(worker, server, health) -> int:
+    """Mark the process healthy and run the worker loop until it is told to stop."""
+    from spd.runtime.health import SERVING
+
+    if health:
+        health.set("", SERVING)
+    try:
+        worker.run()
+    finally:
+        if server:
+            server.stop(0)
+    return 0
+
+
 def run_stage(args) -> int:
     from spd.core.stage import load_stage
-    from spd.runtime.health import SERVING
     from spd.runtime.stage_worker import StageWorker
 
     args.index = stage_index(args.index)
@@ -111,22 +124,13 @@ def run_stage(args) -> int:
     else:
         stage = load_stage(model_dir, config, split.layers_of(args.index), anchors_for(args.draft, model_dir, split),
                            args.device, dtype)
-    worker = StageWorker(topology, args.index, stage)
-    if health:
-        health.set("", SERVING)
-    try:
-        worker.run()
-    finally:
-        if server:
-            server.stop(0)
-    return 0
+    return _serve_worker(StageWorker(topology, args.index, stage), server, health)
 
 
 def run_drafter(args) -> int:
     from spd.core.drafter import DrafterState
     from spd.core.stage import load_embedding
     from spd.runtime.drafter_worker import DrafterWorker
-    from spd.runtime.health import SERVING
 
     topology, model_dir, config, split, dtype = _setup(args)
     server, health = _serve_health(args)
@@ -139,15 +143,7 @@ def run_drafter(args) -> int:
     else:
         pdm = load_pdm(args.draft, model_dir, config, split, args.ls, args.device, dtype)
         state = DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split)
-    worker = DrafterWorker(topology, state)
-    if health:
-        health.set("", SERVING)
-    try:
-        worker.run()
-    finally:
-        if server:
-            server.stop(0)
-    return 0
+    return _serve_worker(DrafterWorker(topology, state), server, health)
 
 
 def run_orchestrator(args) -> int:

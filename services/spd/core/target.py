@@ -7,7 +7,6 @@ forward, so SPD and AR run exactly the same per-token arithmetic.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 

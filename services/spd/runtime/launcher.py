@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spd.runtime.health import check
-from spd.runtime.topology import Topology, free_ports, local_topology
+from spd.runtime.topology import free_ports, local_topology
 
 log = logging.getLogger(__name__)
 
