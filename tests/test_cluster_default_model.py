@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_util import address, rss_mb, running_cluster
+import os
+import signal
+import time
+
+from cluster_util import address, pid_of, rss_mb, running_cluster, supervised
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.target import ar_generate
@@ -35,3 +39,41 @@ def test_spd_up_n5_on_smollm2_matches_ar_and_each_stage_holds_only_its_layers(de
     assert rss["stage-1"] - max(middle) > 60, rss  # stage 1 also holds the embedding
     assert rss["stage-5"] - max(middle) > 60, rss  # stage 5 the (tied) LM head
     assert max(middle) < min(rss["stage-1"], rss["stage-5"]) and max(rss.values()) < 1500, rss
+
+
+@pytest.mark.slow
+def test_kill_a_stage_during_prefill_on_smollm2_recovers_with_identical_output(default_model_dir, tmp_path):
+    prompt = "Summarise this: " + " ".join(f"Item {i} is a fact about lighthouses and the sea." for i in range(60))
+    ar = build_local(PipelineConfig(n=1), with_drafter=False)
+    ids = encode_prompt(ar.tokenizer, prompt)
+    expected = ar_generate(ar.stages, ids, SamplingParams(), StopRule(12, eos_ids_of(ar.tokenizer, ar.config))).token_ids
+    with running_cluster(tmp_path, n=5) as cluster, supervised(cluster):
+        with SPDClient(address(cluster), timeout=600) as client:
+            stream = client.stream(prompt, max_tokens=12)
+            first = next(stream)  # sent the request; blocks until the first token...
+            tokens, stats = list(first.token_ids), first.stats
+            for chunk in stream:
+                tokens += chunk.token_ids
+                stats = chunk.stats or stats
+        assert tokens == expected and stats["recoveries"] == 0  # fault-free reference run over processes
+        with SPDClient(address(cluster), timeout=600) as client:
+            stream = client.stream(prompt, max_tokens=12)
+            killer = _kill_soon(pid_of(cluster, "stage-3"), delay_s=0.15)  # ~600 prompt tokens: mid-prefill
+            tokens, stats = [], {}
+            for chunk in stream:
+                tokens += chunk.token_ids
+                stats = chunk.stats or stats
+            killer.join()
+    assert tokens == expected and stats["recoveries"] >= 1
+
+
+def _kill_soon(pid: int, delay_s: float):
+    import threading
+
+    def kill():
+        time.sleep(delay_s)
+        os.kill(pid, signal.SIGKILL)
+
+    t = threading.Thread(target=kill)
+    t.start()
+    return t
