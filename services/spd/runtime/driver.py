@@ -67,6 +67,8 @@ class Driver:
         s = self.ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 1000)
+        s.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # drop connections to vanished peers (see worker.py)
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         s.connect(endpoint)
         return s
 

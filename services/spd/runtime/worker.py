@@ -47,6 +47,8 @@ class Worker:
         s = self.ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        s.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # ZMTP pings: a peer that vanished without closing
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)  # its connection (node loss) is dropped, not half-open
         return s
 
     def _push(self, endpoint: str) -> zmq.Socket:
