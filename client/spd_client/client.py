@@ -211,7 +211,11 @@ def build_request(prompt: str | None = None, messages: Iterable | None = None, *
 
 def stats_dict(stats: spd_pb2.Stats) -> dict:
     """Every Stats field by name (zeros included)."""
-    return {f.name: getattr(stats, f.name) for f in stats.DESCRIPTOR.fields}
+    out = {}
+    for f in stats.DESCRIPTOR.fields:
+        value = getattr(stats, f.name)
+        out[f.name] = value if isinstance(value, (int, float, str)) else list(value)  # repeated -> list
+    return out
 
 
 def _remaining(deadline: float) -> float:

@@ -168,12 +168,13 @@ class _Run:
         self.draft_limit = min(P + max_new, cfg.context)  # drafts may take positions < this
         self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
         self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
-        self.stats = {"n": driver.n, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0,
+        self.stats = {"n": driver.n, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0, "drafts": 0,
                       "stage_ms": [0.0] * driver.n, "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
         self.t0 = time.monotonic()
         self.t_first = None
         self.last_commit = None
         self.last_accept = False
+        self.cycle_ms: list[float] = []  # steady-state cycle times (accept after accept)
 
     def run(self) -> None:
         self.d.take_restart()
@@ -224,6 +225,7 @@ class _Run:
             q[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
         self.verifier.offer(msg.pos, int(msg.header["token"]), q)
         self.stats["draft_ms"] += msg.header.get("t_ms", 0.0)
+        self.stats["drafts"] += 1
 
     def _judgeable(self, exit: wire.Message, seen: float) -> bool:
         """Judge now, or wait a little for the draft that will arrive for this position?"""
@@ -264,7 +266,8 @@ class _Run:
         if self.t_first is None:
             self.t_first = now
         elif self.last_accept and v.accepted:
-            metrics.CYCLE_MS.observe(1e3 * (now - self.last_commit))
+            self.cycle_ms.append(1e3 * (now - self.last_commit))
+            metrics.CYCLE_MS.observe(self.cycle_ms[-1])
         self.last_commit, self.last_accept, self.progress = now, bool(v.accepted), now
         metrics.COMMITS.inc()
         metrics.ACCEPTS.inc(v.accepted is True)
@@ -292,5 +295,11 @@ class _Run:
                           alpha=N / K if K else 0.0, theoretical_speedup=self.d.n * N / K if K else 0.0,
                           prefill_ms=1e3 * (first - self.t0), ttft_ms=1e3 * (first - self.t0) + self.stats["queue_ms"],
                           decode_ms=1e3 * decode_s, tokens_per_s=(N - 1) / decode_s if N > 1 and decode_s > 0 else 0.0)
+        if self.cycle_ms:
+            ordered = sorted(self.cycle_ms)
+            self.stats.update(cycle_ms_p50=ordered[len(ordered) // 2],
+                              cycle_ms_p99=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
+        exits = max(1, N)  # each commit came from one exiting token
+        self.stats["stage_ms"] = [ms / exits for ms in self.stats["stage_ms"]]
         metrics.CYCLES.inc(K)
         self.job.emit("done", reason, self.stats)
