@@ -151,3 +151,4 @@ def test_metrics_endpoint_counts_commits_and_flushes(shared_cluster):
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("spd_")}
     assert values["spd_commits_total"] > 0 and values["spd_flushes_total"] > 0
     assert 'spd_requests_total{outcome="invalid"}' in values
+    assert values['spd_phase_ms_count{phase="stage1"}'] > 0 and values['spd_phase_ms_count{phase="verify"}'] > 0

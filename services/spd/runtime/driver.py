@@ -226,6 +226,7 @@ class _Run:
         self.verifier.offer(msg.pos, int(msg.header["token"]), q)
         self.stats["draft_ms"] += msg.header.get("t_ms", 0.0)
         self.stats["drafts"] += 1
+        metrics.PHASE_MS.labels("draft").observe(msg.header.get("t_ms", 0.0))
 
     def _judgeable(self, exit: wire.Message, seen: float) -> bool:
         """Judge now, or wait a little for the draft that will arrive for this position?"""
@@ -245,8 +246,10 @@ class _Run:
         t0 = time.perf_counter()
         v = self.verifier.judge(msg.pos, p=p, argmax=int(msg.header["argmax"]))
         self.stats["verify_ms"] += 1e3 * (time.perf_counter() - t0)
+        metrics.PHASE_MS.labels("verify").observe(1e3 * (time.perf_counter() - t0))
         for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
             self.stats["stage_ms"][j] += ms
+            metrics.PHASE_MS.labels(f"stage{j + 1}").observe(ms)
         self._commit(v)
         if v.finish:
             self._finish(v.finish)
