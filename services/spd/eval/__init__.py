@@ -1,0 +1,1 @@
+"""Evaluation: prompt sets shipped in wheels, and exact acceptance without running cycles."""

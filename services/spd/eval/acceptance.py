@@ -1,0 +1,92 @@
+"""Exact greedy acceptance without running pipeline cycles.
+
+Greedy SPD commits exactly the AR tokens, so the only unknown is each judgement's verdict, and
+that depends only on the draft for the judged position. The draft for position j is made with the
+newest token j−1 and the current fill base b (the last reseed), from the staircase
+depth(i) = min(n, s0 + j−1−i) for i ≥ b, n before. Drafts conditioned on a token that is later
+rejected are never judged, so they do not matter. Replaying only the drafter over the AR run —
+whose anchor states, computed token by token, are bit-identical to the pipeline's — gives every
+verdict, hence N, K, α, exactly as the live engine counts them:
+
+    after prefill or a reject at j: b = j;   K += n for a commit after a reseed, else 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spd.core.drafter import DrafterState
+from spd.core.sampling import SamplingParams
+from spd.core.stage import Stage
+from spd.core.stopping import StopRule
+from spd.core.target import max_new_tokens, run_through
+
+
+@dataclass
+class Acceptance:
+    generated_tokens: int  # N
+    cycles: int  # K (lockstep)
+    accepts: int
+    rejects: int
+
+    @property
+    def alpha(self) -> float | None:
+        return self.generated_tokens / self.cycles if self.cycles else None
+
+
+def ar_with_anchors(stages: list[Stage], prompt: list[int], stop: StopRule) -> tuple[list[int], list[dict]]:
+    """Greedy AR through the stages, keeping every position's anchor states {b: [d]}."""
+    anchors: list[dict] = []
+
+    def keep(start: int, count: int):
+        def on_stage(j, out):
+            for k in range(count):
+                if start + k == len(anchors):
+                    anchors.append({})
+                anchors[start + k].update({b: h[k] for b, h in out.anchors.items()})
+        return on_stage
+
+    for stage in stages:
+        stage.truncate(0)
+    out = run_through(stages, torch.tensor(prompt), 0, keep(0, len(prompt)))
+    limit = max_new_tokens(len(prompt), stop, stages)
+    generated: list[int] = []
+    while True:
+        generated.append(int(torch.argmax(out.logits[-1])))
+        if stop.finish_reason(generated) or len(generated) >= limit:
+            return generated, anchors
+        pos = len(prompt) + len(generated) - 1
+        out = run_through(stages, torch.tensor([generated[-1]]), pos, keep(pos, 1))
+
+
+def replay(drafter: DrafterState, prompt: list[int], generated: list[int], anchors: list[dict],
+           schedule: str = "pre") -> Acceptance:
+    """Verdicts of every judgement of a greedy SPD run that commits `generated` after `prompt`."""
+    n, s0 = drafter.split.n, 0 if schedule == "pre" else 1
+    tokens = list(prompt) + list(generated)
+    P, T = len(prompt), len(tokens)
+    drafter.reset()
+    _commit(drafter, 0, tokens[:P + 1], anchors, n)
+    base, reseeded, result = P, True, Acceptance(len(generated), 0, 0, 0)
+    for j in range(P + 1, T):  # judge position j
+        has_draft = not (schedule == "post" and n == 1)
+        accepted = has_draft and drafter.draft(SamplingParams(), drafter.staircase(base, s0)).token == tokens[j]
+        result.cycles += n if reseeded else 1
+        if has_draft:
+            result.accepts += accepted
+            result.rejects += not accepted
+        if not accepted:
+            base = j
+        reseeded = not accepted
+        if j < T - 1:  # the last token is never forwarded
+            _commit(drafter, j, tokens[j:j + 1], anchors, n)
+    return result
+
+
+def _commit(drafter: DrafterState, pos: int, tokens: list[int], anchors: list[dict], n: int) -> None:
+    """Positions pos.. enter the drafter with all their anchors (depth n; staircases ask for less)."""
+    drafter.enter(pos, torch.tensor(tokens))
+    stacked = {b: torch.stack([anchors[pos + k][b] for k in range(len(tokens))]) for b in anchors[pos]}
+    drafter.observe(pos, len(tokens), n, stacked)
