@@ -82,11 +82,14 @@ class DrafterState:
         the newest have depth s0 + o (capped at n); everything older has left the pipeline: depth n.
         """
         T, n = self.length, self.split.n
-        return [min(n, s0 + T - 1 - i) if i >= base else n for i in range(T)]
+        start = min(base, T)
+        return [n] * start + [min(n, s0 + T - 1 - i) for i in range(start, T)]
 
     def ready(self, depths: list[int]) -> bool:
-        """Whether every position has been observed at least as deep as `depths` asks."""
-        return len(depths) == self.length and all(seen >= want for seen, want in zip(self.depth, depths))
+        """Whether every position has been observed at least as deep as `depths` asks (positions
+        already in the PDM cache were seen at depth n)."""
+        C = self.cache.length
+        return len(depths) == self.length and all(seen >= want for seen, want in zip(self.depth[C:], depths[C:]))
 
     @torch.inference_mode()
     def draft(self, params: SamplingParams, depths: list[int] | None = None) -> Draft:
