@@ -1,0 +1,58 @@
+"""Held-out top-1 agreement p and KL of a trained PDM at every fill level a = 1..n (aligned forward).
+
+  python benchmarks/train_eval.py --draft services/spd/assets/drafts/SmolLM2-135M-Instruct [--seqs 48]
+
+p(a) predicts acceptance: at a = n (saturated pipeline) and a = 1 (the first draft after a reseed,
+which is the one judged next when the previous draft was rejected). With a per-judgement acceptance
+p, α = 1 / (p + (1 - p) n) and S0 = n·α (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from spd.core.pdm import PDM
+from spd.core.split import uniform_split
+from spd.models.loading import load_config, resolve_model
+from spd.train.teacher import TeacherCache, teacher_dir
+from spd.train.trainer import evaluate, target_to_draft
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--heldout", default="selfgen-heldout")
+    ap.add_argument("--seqs", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model_dir = resolve_model(args.model)
+    config = load_config(model_dir)
+    pdm = PDM.load(args.draft)
+    n = pdm.config.trained_n or 5
+    s0 = {"pre": 0, "post": 1}[pdm.config.schedule]
+    split = uniform_split(config.num_hidden_layers, n)
+    cache = TeacherCache(teacher_dir(model_dir, args.heldout) if "/" not in args.heldout else args.heldout)
+    seqs = []
+    for sh in cache.shards():
+        seqs.extend(TeacherCache.sequences(sh))
+    seqs = seqs[:args.seqs]
+    cols = [cache.layers.index(b) for b in pdm.config.anchors]
+    t2d = target_to_draft(pdm.d2t, config.vocab_size)
+    out = {"draft": args.draft, "n": n, "schedule": pdm.config.schedule, "tokens_seen": pdm.config.notes.get("tokens_seen")}
+    for a in range(1, n + 1):
+        r = evaluate(pdm, seqs, split, s0, t2d, cols, fill=a)
+        p = r["p"]
+        out[f"a{a}"] = {"p": round(p, 4), "kl": round(r["loss"], 4), "tokens": r["tokens"],
+                        "alpha_if_all_judgements_at_this_p": round(1 / (p + (1 - p) * n), 4)}
+        print(json.dumps({"fill": a, **out[f"a{a}"]}), flush=True)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

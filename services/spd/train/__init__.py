@@ -1,0 +1,1 @@
+"""PDM training: data, teacher cache, aligned training (DESIGN §7)."""

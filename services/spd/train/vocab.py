@@ -1,0 +1,65 @@
+"""Reduced draft vocabulary: the V_s most frequent assistant tokens of the training data."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from spd.models.loading import cache_dir
+from spd.train.teacher import TeacherCache
+
+log = logging.getLogger(__name__)
+
+
+def cache_counts(cache: TeacherCache, vocab_size: int, max_shards: int | None = None) -> torch.Tensor:
+    """Counts of the assistant tokens (the next token at every loss position) in a teacher cache.
+
+    For self-generated data the teacher's argmax is the generated token (greedy)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for shard in cache.shards()[:max_shards]:
+        for s in TeacherCache.sequences(shard):
+            m = s["loss"].bool()
+            counts += torch.bincount(s["top_ids"][m, 0].long(), minlength=vocab_size)
+    return counts
+
+
+def sharegpt_counts(tokenizer, vocab_size: int, model_name: str, max_convs: int = 4000) -> torch.Tensor:
+    """Counts of ShareGPT assistant-turn tokens (train split), cached on disk."""
+    path = cache_dir() / "teacher" / model_name / f"sharegpt_assistant_counts_{max_convs}.pt"
+    if path.exists():
+        return torch.load(path)
+    from spd.train.data import load_sharegpt, split_conversations
+
+    train, _ = split_conversations(load_sharegpt())
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for c in train[:max_convs]:
+        for m in c.messages:
+            if m["role"] == "assistant":
+                ids = tokenizer.encode(m["content"], add_special_tokens=False)
+                if ids:
+                    counts += torch.bincount(torch.tensor(ids), minlength=vocab_size)[:vocab_size]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(counts, path)
+    return counts
+
+
+def build_vocab(counts: torch.Tensor, size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """Draft id -> target id, most frequent first; `always` (e.g. EOS) are forced in."""
+    order = torch.argsort(counts, descending=True, stable=True)
+    ids = [int(i) for i in always]
+    seen = set(ids)
+    for i in order.tolist():
+        if len(ids) >= size:
+            break
+        if i not in seen:
+            ids.append(i)
+            seen.add(i)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def coverage(counts: torch.Tensor, draft_ids: torch.Tensor) -> float:
+    """Fraction of the counted token mass inside the draft vocabulary."""
+    total = counts.sum().item()
+    return float(counts[draft_ids].sum().item() / total) if total else float("nan")
