@@ -60,3 +60,25 @@ def test_with_tls_the_api_port_speaks_tls_only(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_with_a_curve_key_the_pipeline_works_and_plaintext_frames_never_reach_a_worker(tmp_path, monkeypatch):
+    import zmq
+
+    monkeypatch.setenv("SPD_CURVE_SECRET", zmq.curve_keypair()[1].decode())  # inherited by every process
+    model = make_tiny_model(tmp_path / "tiny", "llama", vocab_size=49152, num_layers=2, hidden_size=64,
+                            tokenizer_from=resolve_model(None))
+    with running_cluster(tmp_path / "logs", n=2, model=str(model), draft="random") as cluster:
+        ctx = zmq.Context()
+        try:
+            plain = ctx.socket(zmq.PUSH)
+            plain.setsockopt(zmq.LINGER, 0)
+            plain.connect(cluster.topology.stages[0])
+            plain.send_multipart([b"HIDDEN", b"\xc1garbage"])  # no CURVE handshake: never delivered
+            time.sleep(1.0)
+        finally:
+            ctx.destroy(linger=0)
+        with SPDClient(address(cluster), timeout=60) as client:
+            assert len(client.generate("hi", max_tokens=4).token_ids) == 4
+    log = (tmp_path / "logs" / "stage-1.log").read_text()
+    assert "[drop] malformed" not in log

@@ -24,6 +24,7 @@ from spd import wire
 from spd.core.verifier import Verdict, Verifier
 from spd.runtime import metrics
 from spd.runtime.jobs import Job
+from spd.runtime.curve import secure
 from spd.runtime.registry import Registry
 from spd.runtime.topology import Topology, bind_endpoint
 
@@ -59,6 +60,7 @@ class Driver:
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.inbox.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
+        secure(self.inbox, server=True)
         self.inbox.bind(bind_endpoint(topology.orchestrator))
         self.peers = [self._push(e) for e in (*topology.stages, topology.drafter)]
         self._restarted = False
@@ -69,6 +71,7 @@ class Driver:
         s.setsockopt(zmq.SNDHWM, 1000)
         s.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # drop connections to vanished peers (see worker.py)
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        secure(s, server=False)
         s.connect(endpoint)
         return s
 

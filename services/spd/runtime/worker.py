@@ -19,6 +19,7 @@ import uuid
 import zmq
 
 from spd import wire
+from spd.runtime.curve import secure
 from spd.runtime.topology import Topology, bind_endpoint
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class Worker:
         self.topology, self.index = topology, index
         self.incarnation = uuid.uuid4().hex[:12]
         self.ctx = zmq.Context()
-        self.inbox = self._socket(zmq.PULL)
+        self.inbox = secure(self._socket(zmq.PULL), server=True)
         self.inbox.bind(bind_endpoint(inbox))
         self.to_orch = self._push(topology.orchestrator)
         self.stop = False
@@ -52,7 +53,7 @@ class Worker:
         return s
 
     def _push(self, endpoint: str) -> zmq.Socket:
-        s = self._socket(zmq.PUSH)
+        s = secure(self._socket(zmq.PUSH), server=False)
         s.setsockopt(zmq.SNDHWM, 10000)
         s.connect(endpoint)
         return s
