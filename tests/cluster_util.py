@@ -7,13 +7,12 @@ import time
 from pathlib import Path
 
 from spd.runtime.launcher import Cluster, ClusterConfig
-from spd.runtime.topology import free_ports
 
 
 @contextlib.contextmanager
 def running_cluster(log_dir: Path, ready_s: float = 240.0, **kw):
     """Yield a healthy Cluster (processes supervised by the caller via supervise_once)."""
-    cfg = ClusterConfig(port=free_ports(1)[0], log_dir=log_dir, **kw)
+    cfg = ClusterConfig(port=0, log_dir=log_dir, **kw)  # the cluster draws all its ports at once
     cluster = Cluster(cfg)
     cluster.start()
     try:

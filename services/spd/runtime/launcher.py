@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class ClusterConfig:
     n: int = 5  # pipeline stages
-    port: int = 50051  # orchestrator gRPC port
+    port: int = 50051  # orchestrator gRPC port (0 = pick a free one)
     model: str | None = None  # model directory; None = embedded default
     draft: str | None = None  # PDM directory; None = shipped for this model, 'random' = untrained
     split: str = "uniform"  # stage split spec
@@ -54,13 +54,18 @@ class Proc:
 class Cluster:
     def __init__(self, cfg: ClusterConfig):
         self.cfg = cfg
-        self.topology = local_topology(cfg.n)
+        # Every port in one draw, so no two of them can collide; port 0 = pick the gRPC port too.
+        ports = free_ports(2 * cfg.n + 4)
+        if not cfg.port:
+            cfg.port = ports.pop()
+        self.topology = local_topology(cfg.n, ports=ports[: cfg.n + 2])
+        self._health_ports = ports[cfg.n + 2: 2 * cfg.n + 3]
         self.procs = self._plan()
         self.stop = False
 
     def _plan(self) -> list[Proc]:
         cfg, topo = self.cfg, self.topology
-        ports = free_ports(cfg.n + 1)
+        ports = self._health_ports
         common = ["--topology", topo.to_json(), "--split", cfg.split]
         if cfg.model:
             common += ["--model", cfg.model]

@@ -62,7 +62,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
-def local_topology(n: int, host: str = "127.0.0.1") -> Topology:
-    ports = free_ports(n + 2, host)
+def local_topology(n: int, host: str = "127.0.0.1", ports: list[int] | None = None) -> Topology:
+    ports = ports or free_ports(n + 2, host)
     return Topology(tuple(f"tcp://{host}:{p}" for p in ports[:n]), f"tcp://{host}:{ports[n]}",
                     f"tcp://{host}:{ports[n + 1]}")
