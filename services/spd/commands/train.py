@@ -24,6 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument("--n", type=int, default=5, help="pipeline width the PDM is trained for")
     p.add_argument("--ls", type=int, default=1, help="PDM decoder layers (L_s)")
     p.add_argument("--schedule", choices=["pre", "post"], default="pre")
+    p.add_argument("--anchors", help="anchor layers, comma-separated (default [0,e1,e3,e6,L-1]; PPSD: 0,e1)")
     p.add_argument("--tokens", type=int, default=0,
                    help="budget of assistant tokens to train on (0 = one pass over the cache)")
     p.add_argument("--out", default="runs/pdm", help="run directory: ckpt.pt, history.jsonl, pdm/")
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         common = ["--threads", str(args.threads)] + (["--model", args.model] if args.model else [])
         prepare.main(["selfgen", "--split", "heldout", "--max-items", "96"] + common)
         prepare.main(["selfgen", "--split", "train", "--tokens", str(args.prepare)] + common)
-    cfg = TrainConfig(model=args.model, n=args.n, ls=args.ls, schedule=args.schedule, tokens=args.tokens,
+    anchors = [int(b) for b in args.anchors.split(",")] if args.anchors else None
+    cfg = TrainConfig(model=args.model, n=args.n, ls=args.ls, anchors=anchors, schedule=args.schedule, tokens=args.tokens,
                       lr=args.lr, batch_tokens=args.batch_tokens, vocab=args.vocab, data=args.data,
                       heldout=args.heldout, eval_seqs=args.eval_seqs, eval_every_s=args.eval_every,
                       ckpt_every_s=args.ckpt_every, out=args.out, resume=args.resume, seed=args.seed,

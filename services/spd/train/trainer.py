@@ -34,6 +34,7 @@ class TrainConfig:
     model: str | None = None  # target model dir (None = default SmolLM2-135M-Instruct)
     n: int = 5  # pipeline width the PDM is trained for
     ls: int = 1  # PDM decoder layers
+    anchors: list[int] | None = None  # anchor layers B; None = default_anchors (PPSD: [0, e1])
     schedule: str = "pre"  # pre (s0 = 0) | post (s0 = 1)
     tokens: int = 0  # budget in loss positions (assistant tokens); 0 = one pass over the cache as it is now
     lr: float = 1e-4
@@ -165,7 +166,8 @@ def make_pdm(cfg: TrainConfig, model_dir: Path, config, split: PipelineSplit, dr
 
         last = load_stage(model_dir, config, range(config.num_hidden_layers - 1, config.num_hidden_layers), ())
         lm_head = last.lm_head.weight.detach()
-    pdm = random_pdm(config, list(default_anchors(split)), cfg.ls, draft_ids=draft_ids, lm_head_weight=lm_head,
+    anchors = list(cfg.anchors) if cfg.anchors else list(default_anchors(split))
+    pdm = random_pdm(config, anchors, cfg.ls, draft_ids=draft_ids, lm_head_weight=lm_head,
                      seed=cfg.seed)
     # (copying the target's final-norm weights too made the initial logits huge: KL ~16 at step 0)
     pdm.config.schedule, pdm.config.trained_n = cfg.schedule, cfg.n
@@ -216,7 +218,7 @@ def train(cfg: TrainConfig) -> PDM:
         log.info("resuming from %s at step %d (%d tokens)", ckpt_path, state["step"], state["seen"])
         d2t, vocab_info = state["d2t"], state["vocab_info"]
         saved = TrainConfig(**{**state["cfg"], "resume": True})
-        for k in ("n", "ls", "schedule", "vocab", "data"):
+        for k in ("n", "ls", "anchors", "schedule", "vocab", "data"):
             if getattr(saved, k) != getattr(cfg, k):
                 raise ValueError(f"--resume with a different {k}: checkpoint {getattr(saved, k)!r}, now {getattr(cfg, k)!r}")
     else:
