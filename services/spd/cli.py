@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-COMMANDS = ["generate", "workers", "up", "bench", "train", "k8s"]  # module names under spd.commands
+COMMANDS = ["generate", "workers", "up", "bench", "train", "k8s", "eval"]  # module names under spd.commands
 
 
 def main(argv: list[str] | None = None) -> int:

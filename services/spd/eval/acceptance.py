@@ -13,12 +13,13 @@ verdict, hence N, K, α, exactly as the live engine counts them:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
 from spd.core.drafter import DrafterState
-from spd.core.sampling import SamplingParams
+from spd.core.sampling import SamplingParams, choose
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
 from spd.core.target import max_new_tokens, run_through
@@ -36,9 +37,21 @@ class Acceptance:
         return self.generated_tokens / self.cycles if self.cycles else None
 
 
-def ar_with_anchors(stages: list[Stage], prompt: list[int], stop: StopRule) -> tuple[list[int], list[dict]]:
-    """Greedy AR through the stages, keeping every position's anchor states {b: [d]}."""
+def ar_with_anchors(stages: list[Stage], prompt: list[int], stop: StopRule,
+                    params: SamplingParams = SamplingParams()) -> tuple[list[int], list[dict]]:
+    """Greedy (or keyed-sampled) AR through the stages, keeping every position's anchor states {b: [d]}."""
+    generated, anchors, _ = ar_trace(stages, prompt, stop, params)
+    return generated, anchors
+
+
+def ar_trace(stages: list[Stage], prompt: list[int], stop: StopRule, params: SamplingParams = SamplingParams(),
+             keep_dists: bool = False, timing: dict | None = None
+             ) -> tuple[list[int], list[dict], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """AR decoding that also returns anchor states per position and, with `keep_dists` (sampling only),
+    the target's processed distribution of each generated token as its support (ids [s], probs [s]).
+    `timing`, if given, receives prefill_s and decode_s (wall-clock)."""
     anchors: list[dict] = []
+    dists: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def keep(start: int, count: int):
         def on_stage(j, out):
@@ -50,15 +63,23 @@ def ar_with_anchors(stages: list[Stage], prompt: list[int], stop: StopRule) -> t
 
     for stage in stages:
         stage.truncate(0)
+    t0 = time.perf_counter()
     out = run_through(stages, torch.tensor(prompt), 0, keep(0, len(prompt)))
+    t1 = time.perf_counter()
     limit = max_new_tokens(len(prompt), stop, stages)
     generated: list[int] = []
     while True:
-        generated.append(int(torch.argmax(out.logits[-1])))
+        pos = len(prompt) + len(generated)
+        token, probs = choose(out.logits[-1], params, pos)
+        generated.append(token)
+        if keep_dists and probs is not None:
+            ids = probs.nonzero()[:, 0]  # support after temperature / top-k / top-p
+            dists.append((ids, probs[ids]))
         if stop.finish_reason(generated) or len(generated) >= limit:
-            return generated, anchors
-        pos = len(prompt) + len(generated) - 1
-        out = run_through(stages, torch.tensor([generated[-1]]), pos, keep(pos, 1))
+            if timing is not None:
+                timing.update(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
+            return generated, anchors, dists
+        out = run_through(stages, torch.tensor([token]), pos, keep(pos, 1))
 
 
 def replay(drafter: DrafterState, prompt: list[int], generated: list[int], anchors: list[dict],
@@ -88,5 +109,5 @@ def replay(drafter: DrafterState, prompt: list[int], generated: list[int], ancho
 def _commit(drafter: DrafterState, pos: int, tokens: list[int], anchors: list[dict], n: int) -> None:
     """Positions pos.. enter the drafter with all their anchors (depth n; staircases ask for less)."""
     drafter.enter(pos, torch.tensor(tokens))
-    stacked = {b: torch.stack([anchors[pos + k][b] for k in range(len(tokens))]) for b in anchors[pos]}
+    stacked = {b: torch.stack([anchors[pos + k][b] for k in range(len(tokens))]) for b in drafter.anchors}
     drafter.observe(pos, len(tokens), n, stacked)
