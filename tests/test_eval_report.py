@@ -15,12 +15,12 @@ EAGLE = Method("EAGLE-3 k=3", "eagle3", "z", k=3)
 def accept(N=102, K=200.0):
     ar = {"N": N, "K": N - 2, "decode_s": (N - 2) * 0.040}  # 2 prompts: first tokens come from prefill
     eagle = {"N": N, "K": 50, "accepts": 50, "judged": 150, "decode_s": (N - 2) * 0.020, "draft_s": 50 * 3 * 0.002}
-    return {"mtbench": {"0.0": {"AR": ar, "SPD n=5": {"N": N, "K": K}, "PPSD n=5": {"N": N, "K": K},
-                                "EAGLE-3 k=3": eagle}}}
+    return {"mtbench": {"prompts": 2, "max_tokens": 64, "results": {"0.0": {
+        "AR": ar, "SPD n=5": {"N": N, "K": K}, "PPSD n=5": {"N": N, "K": K}, "EAGLE-3 k=3": eagle}}}}
 
 
 def test_spd_metrics_follow_the_speedup_accounting():
-    r = compute([SPD, PPSD, EAGLE], accept(), COSTS, prompts=2)["0.0"]["overall"]
+    r = compute([SPD, PPSD, EAGLE], accept(), COSTS)["0.0"]["overall"]
     alpha, c = 102 / 200, 4.0 / 40.0
     assert r["SPD n=5"]["S0"] == pytest.approx(5 * alpha)
     assert r["SPD n=5"]["S"] == pytest.approx(alpha / max(1 / 5, c))  # the draft hides behind a stage
@@ -32,7 +32,7 @@ def test_spd_metrics_follow_the_speedup_accounting():
 
 
 def test_eagle_metrics_use_tau_and_measured_wall_clock():
-    r = compute([SPD, PPSD, EAGLE], accept(), COSTS, prompts=2)["0.0"]["overall"]["EAGLE-3 k=3"]
+    r = compute([SPD, PPSD, EAGLE], accept(), COSTS)["0.0"]["overall"]["EAGLE-3 k=3"]
     tau, c = 100 / 50, 2.0 / 40.0
     assert r["S0"] == pytest.approx(tau)
     assert r["S"] == pytest.approx(tau / (1 + 3 * c))
@@ -41,7 +41,7 @@ def test_eagle_metrics_use_tau_and_measured_wall_clock():
 
 def test_markdown_labels_projected_columns():
     methods = [SPD, PPSD, EAGLE]
-    table = compute(methods, accept(), COSTS, prompts=2)
+    table = compute(methods, accept(), COSTS)
     md = markdown({"model": "m", "command": "spd eval", "prompts": 2, "max_tokens": 8, "top_k": 50, "top_p": 1.0,
                    "threads": 1, "date": "today"}, methods, [], table, COSTS, None, [])
     assert "projected" in md and "ᵖ" in md and "EAGLE-3 k=3" in md

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate SPD vs PPSD vs EAGLE-3 on MT-Bench / GSM8K / HumanEval")
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 32 tokens: a few minutes")
     p.add_argument("--phase", default="all", help=f"comma-separated subset of {PHASES} (default all)")
-    p.add_argument("--sets", default="mtbench,gsm8k,humaneval")
+    p.add_argument("--sets", default="mtbench,gsm8k,humaneval",
+                   help="prompt sets; add mtbench2 for MT-Bench second turns (after the target's own first answer)")
     p.add_argument("--prompts", type=int, default=8, help="first K prompts of each set")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0,1", help="comma-separated; T > 0 uses --top-k/--top-p")

@@ -22,7 +22,7 @@ from spd.core.pdm import PDM
 from spd.core.sampling import SamplingParams
 from spd.core.split import uniform_split
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import load_pipeline
+from spd.core.target import ar_generate, load_pipeline
 from spd.eval import costs as C
 from spd.eval import prompts as prompt_sets
 from spd.eval.acceptance import ar_trace, replay
@@ -97,17 +97,30 @@ class Harness:
         return load_eagle(self.stages, self.model_dir, self.config, m.draft, m.k)
 
     def prompts(self, name: str) -> list[list[int]]:
+        if name == "mtbench2":
+            return self._second_turns()
         return [encode_prompt(self.tokenizer, messages=msgs) for msgs in prompt_sets.load(name, self.cfg.prompts)]
 
+    def _second_turns(self) -> list[list[int]]:
+        """MT-Bench second turns: [question 1, the target's own greedy answer, question 2]."""
+        out = []
+        for first, second in prompt_sets.mtbench_turns(self.cfg.prompts):
+            msgs = [{"role": "user", "content": first}]
+            answer = ar_generate(self.stages, encode_prompt(self.tokenizer, messages=msgs), SamplingParams(), self.stop)
+            text = self.tokenizer.decode(answer.token_ids, skip_special_tokens=True)
+            msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": second}]
+            out.append(encode_prompt(self.tokenizer, messages=msgs))
+        return out
+
     def run_set(self, name: str) -> dict:
-        """{str(T): {"AR": tally, method label: tally}} for one prompt set."""
-        out = {}
+        """{"prompts": P, "max_tokens": M, "results": {str(T): {"AR": tally, method label: tally}}} for one set."""
+        prompts = self.prompts(name)
+        out = {"prompts": len(prompts), "max_tokens": self.cfg.max_tokens, "results": {}}
         for T in self.cfg.temperatures:
             tallies = {"AR": Tally(), **{m.label: Tally() for m in self.methods}}
-            prompts = self.prompts(name)
             for i, prompt in enumerate(tqdm(prompts, desc=f"{name} T={T}", disable=not self.cfg.progress)):
                 self._one_prompt(prompt, _params(self.cfg, T, seed=i), tallies)
-            out[str(T)] = {k: v.as_dict() for k, v in tallies.items()}
+            out["results"][str(T)] = {k: v.as_dict() for k, v in tallies.items()}
         return out
 
     def _one_prompt(self, prompt: list[int], params: SamplingParams, tallies: dict[str, Tally]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from spd.eval.costs import projected_cycle_ms
 from spd.eval.methods import Method
 
-SET_NAMES = {"mtbench": "MT-Bench", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
+SET_NAMES = {"mtbench": "MT-Bench", "mtbench2": "MT-Bench turn 2", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 
 
 def _sum(tallies: list[dict]) -> dict:
@@ -58,16 +58,17 @@ def metrics(m: Method | None, t: dict, ar: dict, costs: dict, prompts: int) -> d
     return out
 
 
-def compute(methods: list[Method], accept: dict, costs: dict, prompts: int) -> dict:
-    """{T: {set | "overall": {label: metrics}}}."""
+def compute(methods: list[Method], accept: dict, costs: dict) -> dict:
+    """{T: {set | "overall": {label: metrics}}} from {set: accept file} and the costs."""
     out = {}
-    temps = sorted({T for per_set in accept.values() for T in per_set})
+    temps = sorted({T for f in accept.values() for T in f["results"]})
     for T in temps:
         out[T] = {}
-        sets = [s for s in accept if T in accept[s]]
+        sets = [s for s in accept if T in accept[s]["results"]]
         for s in sets + ["overall"]:
-            rows = [accept[x][T] for x in (sets if s == "overall" else [s])]
-            p = prompts * len(rows)
+            chosen = sets if s == "overall" else [s]
+            rows = [accept[x]["results"][T] for x in chosen]
+            p = sum(accept[x]["prompts"] for x in chosen)
             ar = _sum([r["AR"] for r in rows])
             res = {"AR": metrics(None, ar, ar, costs, p)}
             for m in methods:
@@ -220,11 +221,12 @@ def plots(methods: list[Method], table: dict, costs: dict, out: Path) -> list[st
 
 
 def write(out: Path, cfg: dict, methods: list[Method], missing: list[Method], check: dict | None) -> Path:
-    from spd.eval.prompts import SETS
+    from spd.eval.prompts import OPTIONAL_SETS, SETS
 
-    accept = {s: json.loads((out / f"accept_{s}.json").read_text()) for s in SETS if (out / f"accept_{s}.json").exists()}
+    accept = {s: json.loads((out / f"accept_{s}.json").read_text()) for s in SETS + OPTIONAL_SETS
+              if (out / f"accept_{s}.json").exists()}
     costs = json.loads((out / "costs.json").read_text())
-    table = compute(methods, accept, costs, cfg["prompts"])
+    table = compute(methods, accept, costs)
     (out / "metrics.json").write_text(json.dumps(table, indent=1))
     names = plots(methods, table, costs, out)
     md = markdown(cfg, methods, missing, table, costs, check, names)
