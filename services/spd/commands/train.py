@@ -1,4 +1,5 @@
-"""`spd train`: train a PDM for a target (DESIGN §7) from a cached teacher, resumably.
+"""`spd train`: train a PDM for a target (DESIGN §7) from a cached teacher, resumably; with
+`--method eagle3 --ttt S` the EAGLE-3-style baseline draft instead (DESIGN §9, spd.eagle.train).
 
 CPU recipe (default model, ~2 h on one core): build the caches once, in the background,
   python -m spd.train.prepare selfgen --split heldout --max-items 96
@@ -19,7 +20,11 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a Pipeline Draft Module (PDM) for a target model")
+    p = sub.add_parser("train", help="train a Pipeline Draft Module (PDM) or an EAGLE-3-style draft for a target model")
+    p.add_argument("--method", choices=["pdm", "eagle3"], default="pdm",
+                   help="pdm (DESIGN §7) | eagle3: the EAGLE-3-style baseline draft (DESIGN §9, spd.eagle)")
+    p.add_argument("--ttt", type=int, default=4, help="eagle3: training-time-test unroll steps")
+    p.add_argument("--feature-layers", help="eagle3: low,mid,high target layers (default L/6, L/2, L-1)")
     p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--n", type=int, default=5, help="pipeline width the PDM is trained for")
     p.add_argument("--ls", type=int, default=1, help="PDM decoder layers (L_s)")
@@ -61,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         common = ["--threads", str(args.threads)] + (["--model", args.model] if args.model else [])
         prepare.main(["selfgen", "--split", "heldout", "--max-items", "96"] + common)
         prepare.main(["selfgen", "--split", "train", "--tokens", str(args.prepare)] + common)
+    if args.method == "eagle3":
+        return run_eagle3(args)
     anchors = [int(b) for b in args.anchors.split(",")] if args.anchors else None
     cfg = TrainConfig(model=args.model, n=args.n, ls=args.ls, anchors=anchors, schedule=args.schedule, tokens=args.tokens,
                       lr=args.lr, batch_tokens=args.batch_tokens, vocab=args.vocab, data=args.data,
@@ -82,4 +89,24 @@ def run(args: argparse.Namespace) -> int:
         for name in ("pdm.safetensors", "config.json"):
             shutil.copy(Path(args.out) / "pdm" / name, dest / name)
         print(f"shipped to {dest}")
+    return 0
+
+
+def run_eagle3(args: argparse.Namespace) -> int:
+    """`spd train --method eagle3`: the EAGLE-3-style draft with TTT; writes OUT/draft/."""
+    from spd.eagle.train import EagleTrainConfig, train
+
+    if args.ship:
+        raise SystemExit("--ship is for PDMs only")
+    layers = [int(b) for b in args.feature_layers.split(",")] if args.feature_layers else None
+    cfg = EagleTrainConfig(model=args.model, feature_layers=layers, ttt=args.ttt, tokens=args.tokens, lr=args.lr,
+                           batch_tokens=args.batch_tokens, vocab=args.vocab, data=args.data, heldout=args.heldout,
+                           eval_seqs=args.eval_seqs, eval_every_s=args.eval_every, ckpt_every_s=args.ckpt_every,
+                           out=args.out, resume=args.resume, seed=args.seed, threads=args.threads,
+                           max_seconds=args.max_seconds, init_head=not args.no_init_head,
+                           progress=not args.no_progress, device=args.device)
+    draft = train(cfg)
+    notes = draft.config.notes
+    print(json.dumps({"out": str(Path(args.out) / "draft"), "tokens_seen": draft.config.trained_tokens,
+                      "heldout_p_per_step": notes.get("heldout_p_per_step")}))
     return 0

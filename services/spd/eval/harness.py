@@ -55,7 +55,7 @@ class Tally:
     N: int = 0  # generated tokens
     K: float = 0.0  # cycles (SPD: pipeline cycles, E[K] when estimated; EAGLE: target forwards after prefill)
     accepts: int = 0
-    judged: int = 0  # SPD: judgements; EAGLE: drafted tokens
+    judged: int = 0  # judgements (SPD / PPSD)
     decode_s: float = 0.0  # measured decode wall-clock (EAGLE, AR)
     mismatches: int = 0  # greedy outputs that differ from AR (must stay 0)
     extra: dict = field(default_factory=dict)
@@ -92,9 +92,9 @@ class Harness:
         return PDM.load(path)
 
     def _load_eagle(self, m: Method):
-        from spd.eval.eagle_adapter import load_eagle
+        from spd.eagle.engine import EagleEngine
 
-        return load_eagle(self.stages, self.model_dir, self.config, m.draft, m.k)
+        return EagleEngine.from_dir(self.stages, Path(m.draft), m.k)
 
     def prompts(self, name: str) -> list[list[int]]:
         if name == "mtbench2":
@@ -148,7 +148,7 @@ class Harness:
         g = self.eagles[m.label].generate(prompt, params, self.stop)
         s = g.stats
         t.N, t.K = t.N + s.generated_tokens, t.K + s.cycles
-        t.accepts, t.judged = t.accepts + s.accepts, t.judged + s.cycles * m.k
+        t.accepts += s.accepts
         t.decode_s += s.decode_s
         t.extra["draft_s"] = t.extra.get("draft_s", 0.0) + s.draft_s
         t.mismatches += int(params.greedy and g.token_ids != ar_tokens)

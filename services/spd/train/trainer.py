@@ -88,6 +88,16 @@ def target_to_draft(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return t2d
 
 
+def teacher_kl(logits: torch.Tensor, d: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Sum over rows of KL(teacher || draft): logits [R, V_s]; d [R, k] the teacher's top ids as draft
+    ids (-1 outside the draft vocabulary); top_p [R, k]. The teacher is restricted to the draft
+    vocabulary and renormalised."""
+    p = top_p.float() * (d >= 0)
+    p = p / p.sum(-1, keepdim=True)
+    lq = F.log_softmax(logits.float(), dim=-1).gather(1, d.clamp(min=0))
+    return (p * (torch.log(p.clamp_min(1e-20)) - lq)).sum()
+
+
 def sequence_loss(pdm: PDM, seq: dict, split: PipelineSplit, a: int, s0: int, t2d: torch.Tensor,
                   cols: list[int]):
     """KL(teacher || PDM) summed over the loss rows of one sequence: newest staircase position (the
@@ -101,12 +111,8 @@ def sequence_loss(pdm: PDM, seq: dict, split: PipelineSplit, a: int, s0: int, t2
     if len(rows) == 0:
         return None, 0, 0
     logits = aligned_logits(pdm, anchors, split, a, s0, rows)
-    logq = F.log_softmax(logits.float(), dim=-1)
     d = ids[rows]
-    p = seq["top_p"].to(dev)[rows].float() * (d >= 0)
-    p = p / p.sum(-1, keepdim=True)
-    lq = logq.gather(1, d.clamp(min=0))
-    kl = (p * (torch.log(p.clamp_min(1e-20)) - lq)).sum()
+    kl = teacher_kl(logits, d, seq["top_p"].to(dev)[rows])
     hits = int((logits.argmax(-1) == d[:, 0]).sum())
     return kl, len(rows), hits
 
