@@ -36,6 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--out", default="benchmarks/results/eval")
+    p.add_argument("--reproduce", help="the command to print as the report's reproduction (default: this one)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     if "report" in phases:
         check = json.loads((out / "check.json").read_text()) if (out / "check.json").exists() else None
         argv = sys.argv[sys.argv.index("eval") + 1:] if "eval" in sys.argv else []
-        meta = {"model": h.model_dir.name, "command": " ".join(["spd eval"] + [shlex.quote(a) for a in argv]), "prompts": cfg.prompts, "max_tokens": cfg.max_tokens,
+        command = args.reproduce or " ".join(["spd eval"] + [shlex.quote(a) for a in argv])
+        meta = {"model": h.model_dir.name, "command": command, "prompts": cfg.prompts, "max_tokens": cfg.max_tokens,
                 "top_k": cfg.top_k, "top_p": cfg.top_p, "threads": cfg.threads,
                 "date": datetime.date.today().isoformat()}
         path = report.write(out, meta, methods, missing, check)

@@ -1,8 +1,12 @@
 """The decoding methods an evaluation compares, and where their checkpoints live.
 
-Budget-matched checkpoints come from `benchmarks/train_sweep.sh` (runs/sweep/<name>/pdm) and the
-EAGLE-3 trainer (runs/sweep/eagle3/draft); the shipped ones from the package. A method whose
-checkpoint is missing is skipped and listed as such in the report.
+Two matched training budgets, both on the same data (the target's own responses to ShareGPT
+prompts, same order, lr 1.5e-3 decayed, V_s = 16384):
+  main   240k assistant tokens: SPD n = 5, PPSD n = 5, EAGLE-3 (benchmarks/train_main.sh, runs/main/);
+         PPSD n = 5 and EAGLE-3 are shipped (spd/assets/baselines/<model>/), so the main table runs
+         without training; the shipped SPD PDM (600k tokens) is an extra row.
+  sweep  48k tokens: every width / depth / schedule variant (benchmarks/train_sweep.sh, runs/sweep/).
+A method whose checkpoint is missing is skipped and listed as such in the report.
 """
 
 from __future__ import annotations
@@ -10,35 +14,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-SWEEP = Path("runs/sweep")
+SWEEP, MAIN = Path("runs/sweep"), Path("runs/main")
+BASELINES = Path(__file__).resolve().parents[1] / "assets" / "baselines"  # shipped baseline drafts, per model
 
 
 @dataclass(frozen=True)
 class Method:
     label: str  # row label in the report
     kind: str  # spd | ppsd | eagle3
-    draft: str  # checkpoint directory ("shipped" = the packaged PDM / EAGLE draft)
+    draft: str  # checkpoint directory ("shipped" = the packaged PDM)
     n: int = 1  # pipeline width (spd, ppsd)
     schedule: str = "pre"  # staircase schedule (spd pre | post; ppsd is post)
     k: int = 0  # chain length (eagle3)
     groups: tuple[str, ...] = ("main",)  # report tables it appears in: main, n, ls, schedule
 
 
-def _spd(name, n, groups, schedule="pre", label=None):
-    return Method(label or f"SPD n={n}", "spd", str(SWEEP / name / "pdm"), n, schedule, groups=groups)
+def _main(name: str, sub: str, model: str) -> str:
+    """runs/main/<name>/<sub> when trained here, else the shipped copy (if any)."""
+    local = MAIN / name / sub
+    return str(local if (local / "config.json").exists() else BASELINES / model / name)
 
 
-def default_methods() -> list[Method]:
-    m = [Method("SPD n=5 L_s=1 shipped (600k tok)", "spd", "shipped", 5, "pre", groups=("main",))]
-    m.append(_spd("spd-n5-pre-ls1", 5, ("main", "n", "ls", "schedule"), label="SPD n=5 L_s=1"))
-    m.append(_spd("spd-n5-pre-ls2", 5, ("ls",), label="SPD n=5 L_s=2"))
-    m.append(_spd("spd-n5-post-ls1", 5, ("schedule",), schedule="post", label="SPD n=5 L_s=1 post-step"))
-    for n in (2, 3, 6, 10):
-        m.append(_spd(f"spd-n{n}-pre-ls1", n, ("n",)))
-    for n in (2, 3, 5, 6):
-        m.append(Method(f"PPSD n={n}", "ppsd", str(SWEEP / f"ppsd-n{n}" / "pdm"), n, "post", groups=("main", "n")))
+def default_methods(model: str = "SmolLM2-135M-Instruct") -> list[Method]:
+    m = [Method("SPD n=5 L_s=1 shipped (600k tok)", "spd", "shipped", 5, "pre")]
+    m.append(Method("SPD n=5 (240k)", "spd", str(MAIN / "spd-n5-pre-ls1" / "pdm"), 5, "pre"))
+    m.append(Method("PPSD n=5 (240k)", "ppsd", _main("ppsd-n5", "pdm", model), 5, "post"))
     for k in (3, 7, 15):
-        m.append(Method(f"EAGLE-3 k={k}", "eagle3", str(SWEEP / "eagle3" / "draft"), k=k, groups=("main",)))
+        m.append(Method(f"EAGLE-3 k={k} (240k)", "eagle3", _main("eagle3", "draft", model), k=k))
+    sweep = lambda name: str(SWEEP / name / "pdm")  # noqa: E731
+    m.append(Method("SPD n=5 L_s=1 (48k)", "spd", sweep("spd-n5-pre-ls1"), 5, "pre", groups=("n", "ls", "schedule")))
+    m.append(Method("SPD n=5 L_s=2 (48k)", "spd", sweep("spd-n5-pre-ls2"), 5, "pre", groups=("ls",)))
+    m.append(Method("SPD n=5 post-step (48k)", "spd", sweep("spd-n5-post-ls1"), 5, "post", groups=("schedule",)))
+    for n in (2, 3, 6, 10):
+        m.append(Method(f"SPD n={n} (48k)", "spd", sweep(f"spd-n{n}-pre-ls1"), n, "pre", groups=("n",)))
+    for n in (2, 3, 5, 6):
+        m.append(Method(f"PPSD n={n} (48k)", "ppsd", sweep(f"ppsd-n{n}"), n, "post", groups=("main", "n")))
     return m
 
 
