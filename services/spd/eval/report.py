@@ -2,7 +2,8 @@
 
 Columns, per method (all ratios are over single-process greedy/sampled AR of the same target):
   S0    oracle speedup (draft cost 0): SPD/PPSD n·α, EAGLE-3 τ
-  S     draft-cost adjusted with c = draft time / AR token time measured here:
+  S     draft-cost adjusted with c = draft time / AR token time measured here (EAGLE-3: both timed in
+        its own evaluation run; SPD / PPSD: in the quiet costs phase):
         SPD pre-step α / max(1/n, c); SPD post-step and PPSD n·α / (1 + n·c); EAGLE-3 τ / (1 + k·c)
   wall  EAGLE-3: MEASURED decode tok/s over AR's (same prompts, same process, this CPU).
         SPD / PPSD: PROJECTED from measured stage, draft and runtime-overhead times (spd.eval.costs):
@@ -38,9 +39,9 @@ def metrics(m: Method | None, t: dict, ar: dict, costs: dict, prompts: int) -> d
         rounds = t["K"]
         tau = (t["N"] - prompts) / rounds if rounds else None
         step_ms = 1e3 * t.get("draft_s", 0.0) / max(rounds * m.k, 1)
-        c = step_ms / ar_ms
+        c = step_ms / (1e3 / ar_tps) if ar_tps else None  # both timed in the same run, under the same load
         tps = (t["N"] - prompts) / t["decode_s"] if t.get("decode_s") else None
-        return {"acceptance": tau, "acceptance_kind": "tau", "S0": tau, "c": c, "S": tau / (1 + m.k * c) if tau else None,
+        return {"acceptance": tau, "acceptance_kind": "tau", "S0": tau, "c": c, "S": tau / (1 + m.k * c) if tau and c is not None else None,
                 "wall": tps / ar_tps if tps and ar_tps else None, "wall_kind": "measured", "tok_s": tps,
                 "mismatches": t.get("mismatches", 0)}
     alpha = t["N"] / t["K"] if t["K"] else None
