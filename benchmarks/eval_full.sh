@@ -16,4 +16,5 @@ spd eval --phase accept --sets mtbench,mtbench2 $ARGS &
 spd eval --phase accept --sets gsm8k,humaneval $ARGS
 wait
 spd eval --phase check $ARGS
-spd eval --phase report --sets mtbench,mtbench2,gsm8k,humaneval $ARGS --reproduce "bash benchmarks/eval_full.sh"
+spd eval --phase report --sets mtbench,mtbench2,gsm8k,humaneval $ARGS --reproduce "bash benchmarks/eval_full.sh" \
+  --notes benchmarks/results/eval_notes.md

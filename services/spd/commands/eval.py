@@ -37,6 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--out", default="benchmarks/results/eval")
     p.add_argument("--reproduce", help="the command to print as the report's reproduction (default: this one)")
+    p.add_argument("--notes", help="a markdown file included in the report as 'Reading the results'")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         meta = {"model": h.model_dir.name, "command": command, "prompts": cfg.prompts, "max_tokens": cfg.max_tokens,
                 "top_k": cfg.top_k, "top_p": cfg.top_p, "threads": cfg.threads,
                 "date": datetime.date.today().isoformat()}
-        path = report.write(out, meta, methods, missing, check)
+        notes = Path(args.notes).read_text() if args.notes else None
+        path = report.write(out, meta, methods, missing, check, notes)
         print(path.read_text())
     return 0

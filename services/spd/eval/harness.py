@@ -170,7 +170,7 @@ class Harness:
         return out
 
 
-def check_sampled(h: Harness, method: Method, set_name: str = "mtbench", prompts: int = 3, seeds: int = 3,
+def check_sampled(h: Harness, method: Method, set_name: str = "mtbench", prompts: int = 4, seeds: int = 4,
                   max_tokens: int = 64, temperature: float = 1.0) -> dict:
     """Live SPD engine (rejection sampling) vs the Σ min(p, q) estimate on the same prompts."""
     from spd.core.engine import SPDEngine

@@ -89,7 +89,7 @@ def _cell(r: dict) -> str:
 
 
 def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dict, costs: dict,
-             check: dict | None, plots: list[str]) -> str:
+             check: dict | None, plots: list[str], notes: str | None = None) -> str:
     L = [f"# SPD evaluation report — {cfg['model']}", "",
          f"Command: `{cfg['command']}`  ", f"Prompts: first {cfg['prompts']} of each set, ≤ {cfg['max_tokens']} generated "
          f"tokens, chat template; T = 0 and T = {cfg.get('t1', 1.0)} with top-k {cfg['top_k']}, top-p {cfg['top_p']}; "
@@ -98,6 +98,8 @@ def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dic
          "speedup over AR: EAGLE-3 *measured*, SPD/PPSD *projected* (marked ᵖ) from measured stage, draft and "
          "runtime-overhead times. T = 0 SPD/PPSD acceptance is exact (offline replay = live engine); T > 0 is the "
          "Σ min(p, q) estimate (checked against live runs below); EAGLE-3 always runs live.", ""]
+    if notes:
+        L += ["## Reading the results", "", notes.strip(), ""]
     by = {m.label: m for m in methods}
     for T, per in table.items():
         sets = [s for s in per if s != "overall"]
@@ -221,7 +223,8 @@ def plots(methods: list[Method], table: dict, costs: dict, out: Path) -> list[st
     return names
 
 
-def write(out: Path, cfg: dict, methods: list[Method], missing: list[Method], check: dict | None) -> Path:
+def write(out: Path, cfg: dict, methods: list[Method], missing: list[Method], check: dict | None,
+          notes: str | None = None) -> Path:
     from spd.eval.prompts import OPTIONAL_SETS, SETS
 
     accept = {s: json.loads((out / f"accept_{s}.json").read_text()) for s in SETS + OPTIONAL_SETS
@@ -230,6 +233,6 @@ def write(out: Path, cfg: dict, methods: list[Method], missing: list[Method], ch
     table = compute(methods, accept, costs)
     (out / "metrics.json").write_text(json.dumps(table, indent=1))
     names = plots(methods, table, costs, out)
-    md = markdown(cfg, methods, missing, table, costs, check, names)
+    md = markdown(cfg, methods, missing, table, costs, check, names, notes)
     (out / "report.md").write_text(md)
     return out / "report.md"
