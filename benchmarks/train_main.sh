@@ -3,7 +3,7 @@
 # sweeps'): SPD n = 5 (pre-step, default anchors, L_s = 1), PPSD n = 5 (anchors [0, e1], post-step,
 # L_s = 1) and the EAGLE-3-style draft (TTT 4). Same teacher cache, order, lr schedule and V_s as the
 # sweeps (benchmarks/train_sweep.sh). Resumable: rerun the same command.
-#   bash benchmarks/train_main.sh QUEUE [TOKENS]     QUEUE = eagle | pdm | all
+#   bash benchmarks/train_main.sh QUEUE [TOKENS]     QUEUE = eagle | spd | ppsd | all (all three in parallel)
 set -u
 . "$(dirname "$0")/../.venv/bin/activate"
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ run() {  # name, done-marker, args...
 mkdir -p runs/main
 case "${1:-all}" in
   eagle) run eagle3 draft --method eagle3 --ttt 4 ;;
-  pdm) run spd-n5-pre-ls1 pdm --n 5 --ls 1 --schedule pre
-       run ppsd-n5 pdm --n 5 --ls 1 --schedule post --anchors 0,6 ;;
-  *) "$0" eagle "$TOKENS" & "$0" pdm "$TOKENS"; wait ;;
+  spd) run spd-n5-pre-ls1 pdm --n 5 --ls 1 --schedule pre ;;
+  ppsd) run ppsd-n5 pdm --n 5 --ls 1 --schedule post --anchors 0,6 ;;
+  *) "$0" eagle "$TOKENS" & "$0" spd "$TOKENS" & "$0" ppsd "$TOKENS"; wait ;;
 esac
