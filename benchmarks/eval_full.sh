@@ -9,8 +9,9 @@ set -eu
 . "$(dirname "$0")/../.venv/bin/activate"
 cd "$(dirname "$0")/.."
 OUT=benchmarks/results/eval
-ARGS="--prompts 8 --max-tokens 128 --temperatures 0,1 --top-k 50 --top-p 1.0 --threads 1 --out $OUT --no-progress"
+ARGS="--prompts 8 --max-tokens 128 --temperatures 0,1 --top-k 50 --top-p 1.0 --threads 1 --out $OUT --no-progress --overhead $OUT/runtime_overhead.json"
 mkdir -p $OUT
+python benchmarks/runtime_overhead.py --ns 2,3,5,6,10 --skip-profile --out $OUT/runtime_overhead.json
 spd eval --phase costs $ARGS
 spd eval --phase accept --sets mtbench,mtbench2 $ARGS &
 spd eval --phase accept --sets gsm8k,humaneval $ARGS

@@ -34,6 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--sims", type=int, default=200, help="simulated verdict chains per prompt (sampled estimate)")
     p.add_argument("--methods", help="comma-separated labels to keep (default: every method with a checkpoint)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--overhead", default="benchmarks/results/runtime_overhead.json",
+                   help="runtime overhead per cycle (benchmarks/runtime_overhead.py output), interpolated in n")
     p.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--out", default="benchmarks/results/eval")
     p.add_argument("--reproduce", help="the command to print as the report's reproduction (default: this one)")
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     h = Harness(cfg, methods)
     if "costs" in phases:
         ns = (2, 5) if args.quick else (2, 3, 5, 6, 10)
-        (out / "costs.json").write_text(json.dumps(h.costs(ns, reps=5 if args.quick else 15), indent=1))
+        (out / "costs.json").write_text(json.dumps(h.costs(ns, reps=5 if args.quick else 15, overhead=Path(args.overhead)), indent=1))
     if "accept" in phases:
         for name in cfg.sets:
             (out / f"accept_{name}.json").write_text(json.dumps(h.run_set(name), indent=1))

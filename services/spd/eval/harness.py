@@ -153,17 +153,17 @@ class Harness:
         t.extra["draft_s"] = t.extra.get("draft_s", 0.0) + s.draft_s
         t.mismatches += int(params.greedy and g.token_ids != ar_tokens)
 
-    def costs(self, ns=(2, 3, 5, 6, 10), reps: int = 15) -> dict:
+    def costs(self, ns=(2, 3, 5, 6, 10), reps: int = 15, overhead: Path = C.OVERHEAD_FILE) -> dict:
         """Component times on this machine (see spd.eval.costs)."""
         prompt = self.prompts("mtbench")[0]
         generated, anchors, _ = ar_trace(self.stages, prompt, StopRule(64), SamplingParams())
         tokens = prompt + generated[:-1]
         ar_ms = C.ar_token_ms(self.stages, prompt, 48)
-        out = {"threads": self.cfg.threads, "ar_token_ms": ar_ms, "context_tokens": len(tokens),
+        out = {"threads": self.cfg.threads, "ar_token_ms": ar_ms, "context_tokens": len(tokens), "overhead_file": str(overhead),
                "stage_ms": {}, "overhead_ms": {}, "draft_ms": {}}
         for n in ns:
             out["stage_ms"][n] = C.stage_ms(self.model_dir, self.config, n, tokens, reps)
-            out["overhead_ms"][n] = C.overhead_ms(n)
+            out["overhead_ms"][n] = C.overhead_ms(n, overhead)
         for m in self.methods:
             if m.label in self.drafters:
                 out["draft_ms"][m.label] = C.draft_ms(self.drafters[m.label], tokens, anchors[:len(tokens)], m.schedule, reps)
