@@ -9,12 +9,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = "SPD n=5 L_s=1 shipped (600k tok)"
+PPSD, EAGLE = "PPSD n=5 (240k)", "EAGLE-3 k=3 (240k)"  # the shipped baselines
 
 
 @pytest.mark.slow
 def test_quick_eval_writes_report_json_and_plots(default_model_dir, tmp_path):
     out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "spd.cli", "eval", "--quick", "--sets", "mtbench,mtbench2", "--methods", SHIPPED,
+    cmd = [sys.executable, "-m", "spd.cli", "eval", "--quick", "--sets", "mtbench,mtbench2", "--methods", ",".join([SHIPPED, PPSD, EAGLE]),
            "--out", str(out), "--no-progress"]
     subprocess.run(cmd, cwd=ROOT, check=True, timeout=1200, capture_output=True, text=True)
     metrics = json.loads((out / "metrics.json").read_text())
@@ -23,6 +24,10 @@ def test_quick_eval_writes_report_json_and_plots(default_model_dir, tmp_path):
             r = metrics[T][s][SHIPPED]
             assert 1 / 5 <= r["acceptance"] <= 1 and r["S0"] == pytest.approx(5 * r["acceptance"])
             assert r["wall_kind"] == "projected" and r["wall"] > 0
+            ppsd, eagle = metrics[T][s][PPSD], metrics[T][s][EAGLE]
+            assert 1 / 5 <= ppsd["acceptance"] <= 1 and ppsd["S"] < ppsd["S0"]  # its draft is serialised
+            assert 1 <= eagle["acceptance"] <= 4 and eagle["wall_kind"] == "measured"
+            assert eagle["mismatches"] == 0  # greedy EAGLE-3 == AR on the real model
     check = json.loads((out / "check.json").read_text())
     assert check["live"]["N"] == check["estimate"]["N"] > 0
     report = (out / "report.md").read_text()
