@@ -112,10 +112,12 @@ def main() -> None:
     ap.add_argument("--ns", default="2,4,8", help="pipeline widths of the zero-compute runs")
     ap.add_argument("--out", default="benchmarks/results/runtime_overhead.json")
     args = ap.parse_args()
-    model_dir = make_tiny_model(cache_dir() / "bench" / "tiny-chat-8", "llama", vocab_size=49152, num_layers=8,
-                                hidden_size=64, tokenizer_from=resolve_model(None))
+    ns = [int(n) for n in args.ns.split(",")]
+    layers = max(8, *ns)  # one layer per stage at least
+    model_dir = make_tiny_model(cache_dir() / "bench" / f"tiny-chat-{layers}", "llama", vocab_size=49152,
+                                num_layers=layers, hidden_size=64, tokenizer_from=resolve_model(None))
     hop = zmq_hop_us()
-    rows = [zero_compute(int(n), args.tokens, model_dir) for n in args.ns.split(",")]
+    rows = [zero_compute(n, args.tokens, model_dir) for n in ns]
     result = {"zmq_hop": hop, "zero_compute": rows}
     if not args.skip_profile:
         result["cycle_profile_default_model"] = cycle_profile(args.profile_tokens)

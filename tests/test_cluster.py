@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -152,3 +153,16 @@ def test_metrics_endpoint_counts_commits_and_flushes(shared_cluster):
     assert values["spd_commits_total"] > 0 and values["spd_flushes_total"] > 0
     assert 'spd_requests_total{outcome="invalid"}' in values
     assert values['spd_phase_ms_count{phase="stage1"}'] > 0 and values['spd_phase_ms_count{phase="verify"}'] > 0
+
+
+def test_launcher_gives_up_on_a_worker_that_keeps_failing_at_start(tiny_chat_model, tmp_path):
+    # more stages than the model has layers: every stage exits with an error as it starts
+    from spd.runtime.launcher import CrashLoop
+
+    layers = json.loads((tiny_chat_model / "config.json").read_text())["num_hidden_layers"]
+    t0 = time.monotonic()
+    with pytest.raises(CrashLoop, match="times in a row"):
+        with running_cluster(tmp_path, ready_s=600, n=layers + 1, model=str(tiny_chat_model), draft="random",
+                             max_start_failures=2):
+            pass
+    assert time.monotonic() - t0 < 300  # gave up on the crash loop, not at the ready timeout

@@ -19,6 +19,7 @@ from spd.runtime.health import check
 from spd.runtime.topology import free_ports, local_topology
 
 log = logging.getLogger(__name__)
+START_WINDOW_S = 20.0  # an error exit this soon after a spawn is a start failure
 
 
 @dataclass
@@ -39,6 +40,7 @@ class ClusterConfig:
     extra_orchestrator_args: list[str] = field(default_factory=list)  # e.g. ["--token", "..."]
     worker_wait_s: float = 60.0  # orchestrator: how long a request waits for a missing stage
     ready_timeout_s: float = 300.0  # give up if not healthy by then
+    max_start_failures: int = 5  # a worker failing at start this many times in a row stops the launcher
 
 
 @dataclass
@@ -49,6 +51,12 @@ class Proc:
     popen: subprocess.Popen | None = None
     restarts: int = 0
     next_start: float = 0.0
+    spawned_at: float = 0.0  # monotonic time of the last spawn
+    start_failures: int = 0  # consecutive error exits soon after spawn (a crash loop, e.g. bad config)
+
+
+class CrashLoop(RuntimeError):
+    """A worker keeps exiting with an error right after it starts: restarting cannot help."""
 
 
 class Cluster:
@@ -92,6 +100,7 @@ class Cluster:
         p.popen = subprocess.Popen([sys.executable, "-m", "spd.cli", "--log-level",
                                     os.environ.get("SPD_LOG_LEVEL", "INFO"), *p.argv],
                                    stdout=out or sys.stderr, stderr=subprocess.STDOUT, start_new_session=True)
+        p.spawned_at = time.monotonic()
         log.info("[spawn] %s pid %d", p.role, p.popen.pid)
 
     def start(self) -> None:
@@ -108,6 +117,7 @@ class Cluster:
             if p.popen is not None and p.popen.poll() is None:
                 continue
             if p.popen is not None:
+                self._count_start_failure(p, now)
                 log.warning("[recover] %s exited with %s; restarting", p.role, p.popen.returncode)
                 p.restarts += 1
                 p.next_start = now + min(5.0, 0.2 * 2 ** min(p.restarts, 5))
@@ -115,6 +125,17 @@ class Cluster:
             if now >= p.next_start:
                 self._spawn(p)
                 self.write_state()
+
+    def _count_start_failure(self, p: Proc, now: float) -> None:
+        """An error exit (not a signal: kill -9 is a fault to recover from) within START_WINDOW_S of
+        the spawn counts; max_start_failures in a row raise CrashLoop."""
+        code = p.popen.returncode
+        early = code > 0 and now - p.spawned_at < START_WINDOW_S
+        p.start_failures = p.start_failures + 1 if early else 0
+        if p.start_failures >= self.cfg.max_start_failures:
+            raise CrashLoop(f"{p.role} exited with {code} within {START_WINDOW_S:.0f} s of starting, "
+                            f"{p.start_failures} times in a row; see its log" +
+                            (f" in {self.cfg.log_dir}" if self.cfg.log_dir else ""))
 
     def healthy(self) -> bool:
         return all(p.popen is not None and p.popen.poll() is None and check(p.health) for p in self.procs)
@@ -154,7 +175,11 @@ class Cluster:
         started, announced = time.monotonic(), False
         try:
             while not self.stop:
-                self.supervise_once()
+                try:
+                    self.supervise_once()
+                except CrashLoop as e:
+                    log.error("[recover] giving up: %s", e)
+                    return 1
                 if not announced and self.healthy():
                     print(f"ready grpc=127.0.0.1:{self.cfg.port} n={self.cfg.n}", flush=True)
                     announced = True
