@@ -166,3 +166,15 @@ def test_launcher_gives_up_on_a_worker_that_keeps_failing_at_start(tiny_chat_mod
                              max_start_failures=2):
             pass
     assert time.monotonic() - t0 < 300  # gave up on the crash loop, not at the ready timeout
+
+
+def test_a_ten_stage_pipeline_becomes_ready_and_matches_ar(tmp_path):
+    # 11 workers beating every 0.5 s: the idle orchestrator must drain heartbeats faster than they come
+    model = make_tiny_model(tmp_path / "tiny10", "llama", vocab_size=49152, num_layers=10, hidden_size=64,
+                            tokenizer_from=resolve_model(None), init_std=0.5)
+    with running_cluster(tmp_path / "logs", n=10, model=str(model), draft="random") as cluster:
+        time.sleep(3)  # idle for several heartbeat timeouts: nobody may look dead
+        with SPDClient(address(cluster), timeout=120) as client:
+            got = client.generate(PROMPTS[0], max_tokens=12)
+    assert got.token_ids == ar_reference(model, PROMPTS[0], 12)
+    assert got.stats["n"] == 10

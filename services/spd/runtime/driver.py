@@ -91,7 +91,8 @@ class Driver:
                 try:
                     job = self.jobs.get(timeout=0.2)
                 except queue.Empty:
-                    self._poll(0)
+                    while self._poll(0) is not None:  # idle: heartbeats counted, stale data dropped
+                        pass
                     continue
                 metrics.QUEUE.set(self.jobs.qsize())
                 if job.cancelled.is_set():
@@ -137,19 +138,24 @@ class Driver:
         return self.epoch
 
     def _poll(self, timeout_ms: int) -> wire.Message | None:
-        """Next data message (heartbeats are consumed here); None on timeout."""
-        try:
-            msg = wire.recv(self.inbox, timeout_ms)
-        except wire.WireError as e:
-            metrics.MALFORMED.inc()
-            log.warning("[drop] malformed frame at the orchestrator: %s", e)
-            return None
-        if msg is not None and msg.kind in ("HELLO", "HEARTBEAT"):
+        """Next data message, consuming every heartbeat before it; None when none came in timeout_ms.
+
+        Heartbeats are drained in a loop, not one per call: n + 1 workers beat every 0.5 s, and an
+        idle driver that took one message per wake-up fell behind at n >= 9 (workers looked dead)."""
+        deadline = time.monotonic() + timeout_ms / 1e3
+        while True:
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1e3))
+            try:
+                msg = wire.recv(self.inbox, wait_ms)
+            except wire.WireError as e:
+                metrics.MALFORMED.inc()
+                log.warning("[drop] malformed frame at the orchestrator: %s", e)
+                continue
+            if msg is None or msg.kind not in ("HELLO", "HEARTBEAT"):
+                return msg
             h = msg.header
             if self.registry.beat(h.get("role", "?"), int(h.get("index", 0)), str(h.get("incarnation")), int(h.get("pid", 0))):
                 self._restarted = True
-            return None
-        return msg
 
     def take_restart(self) -> bool:
         restarted, self._restarted = self._restarted, False
