@@ -10,7 +10,6 @@ measured; the AR pass's own decode time is the AR wall-clock reference of the sa
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from spd.local import shipped_draft_for
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.text import encode_prompt
 
-log = logging.getLogger(__name__)
 
 
 @dataclass

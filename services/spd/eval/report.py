@@ -100,7 +100,6 @@ def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dic
          "Σ min(p, q) estimate (checked against live runs below); EAGLE-3 always runs live.", ""]
     if notes:
         L += ["## Reading the results", "", notes.strip(), ""]
-    by = {m.label: m for m in methods}
     for T, per in table.items():
         sets = [s for s in per if s != "overall"]
         L += [f"## Main comparison, T = {T}", "",
