@@ -26,8 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--phase", default="all", help=f"comma-separated subset of {PHASES} (default all)")
     p.add_argument("--sets", default="mtbench,gsm8k,humaneval",
                    help="prompt sets; add mtbench2 for MT-Bench second turns (after the target's own first answer)")
-    p.add_argument("--prompts", type=int, default=8, help="first K prompts of each set")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=8, help="first K prompts of each set (0 = the whole set)")
+    p.add_argument("--max-tokens", type=int, default=512, help="generation cap per prompt")
     p.add_argument("--temperatures", default="0,1", help="comma-separated; T > 0 uses --top-k/--top-p")
     p.add_argument("--top-k", type=int, default=50)
     p.add_argument("--top-p", type=float, default=1.0)

@@ -36,8 +36,8 @@ from spd.text import encode_prompt
 @dataclass
 class EvalConfig:
     sets: tuple[str, ...] = prompt_sets.SETS  # prompt sets to run
-    prompts: int = 8  # first K prompts of each set
-    max_tokens: int = 128  # generation cap per prompt (the issue's 512 is the full setting)
+    prompts: int = 8  # first K prompts of each set (0 = all)
+    max_tokens: int = 512  # generation cap per prompt
     temperatures: tuple[float, ...] = (0.0, 1.0)  # T = 0 greedy; T = 1 with top_k / top_p below
     top_k: int = 50
     top_p: float = 1.0
@@ -97,12 +97,12 @@ class Harness:
     def prompts(self, name: str) -> list[list[int]]:
         if name == "mtbench2":
             return self._second_turns()
-        return [encode_prompt(self.tokenizer, messages=msgs) for msgs in prompt_sets.load(name, self.cfg.prompts)]
+        return [encode_prompt(self.tokenizer, messages=msgs) for msgs in prompt_sets.load(name, self.cfg.prompts or None)]
 
     def _second_turns(self) -> list[list[int]]:
         """MT-Bench second turns: [question 1, the target's own greedy answer, question 2]."""
         out = []
-        for first, second in prompt_sets.mtbench_turns(self.cfg.prompts):
+        for first, second in prompt_sets.mtbench_turns(self.cfg.prompts or None):
             msgs = [{"role": "user", "content": first}]
             answer = ar_generate(self.stages, encode_prompt(self.tokenizer, messages=msgs), SamplingParams(), self.stop)
             text = self.tokenizer.decode(answer.token_ids, skip_special_tokens=True)
