@@ -136,8 +136,7 @@ def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dic
           "| n | stages (ms) | slowest | SPD draft (ms) | overhead (ms) | pre-step cycle | post-step cycle | ideal AR/n |",
           "|---|---|---|---|---|---|---|---|"]
     for n, st in costs["stage_ms"].items():
-        spd = next((m for m in methods if m.kind == "spd" and str(m.n) == n and m.schedule == "pre" and m.draft != "shipped"), None)
-        d = costs["draft_ms"].get(spd.label) if spd else None
+        d = _sweep_draft_ms(methods, costs, n)
         o = costs["overhead_ms"].get(n) or 0.0
         pre = projected_cycle_ms(max(st), d, o, "pre") if d is not None else None
         post = projected_cycle_ms(max(st), d, o, "post") if d is not None else None
@@ -155,6 +154,21 @@ def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dic
         L += ["## Not evaluated (checkpoint missing)", ""] + [f"- {m.label}: `{m.draft}`" for m in missing] + [""]
     L += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(L)
+
+
+def _sweep_draft_ms(methods: list[Method], costs: dict, n: str) -> float | None:
+    """Draft time of the width sweep's pre-step SPD PDM at width n (the cycle-breakdown column)."""
+    m = next((m for m in methods if m.kind == "spd" and str(m.n) == n and m.schedule == "pre" and m.draft != "shipped"), None)
+    return costs["draft_ms"].get(m.label) if m else None
+
+
+def _save(fig, out: Path, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
 
 
 def plots(methods: list[Method], table: dict, costs: dict, out: Path) -> list[str]:
@@ -176,10 +190,7 @@ def plots(methods: list[Method], table: dict, costs: dict, out: Path) -> list[st
         ax.set_xticks(list(x), labels, rotation=35, ha="right", fontsize=7)
         ax.set_title(f"speedup over AR, T = {T}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "speedup_main.png", dpi=110)
-    names.append("speedup_main.png")
-    plt.close(fig)
+    names.append(_save(fig, out, "speedup_main.png"))
     # 2. width sweep
     T0 = next(iter(table))
     o = table[T0]["overall"]
@@ -195,15 +206,11 @@ def plots(methods: list[Method], table: dict, costs: dict, out: Path) -> list[st
     ax.set_ylabel("speedup over AR")
     ax.set_title(f"width sweep, T = {T0}, all sets")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "width_sweep.png", dpi=110)
-    names.append("width_sweep.png")
-    plt.close(fig)
+    names.append(_save(fig, out, "width_sweep.png"))
     # 3. cycle breakdown
     ns = list(costs["stage_ms"])
-    spd = {n: next((m for m in methods if m.kind == "spd" and str(m.n) == n and m.schedule == "pre" and m.draft != "shipped"), None) for n in ns}
     stage = [max(costs["stage_ms"][n]) for n in ns]
-    draft = [costs["draft_ms"].get(spd[n].label, 0) if spd[n] else 0 for n in ns]
+    draft = [_sweep_draft_ms(methods, costs, n) or 0 for n in ns]
     over = [costs["overhead_ms"].get(n) or 0 for n in ns]
     fig, ax = plt.subplots(figsize=(6, 4))
     x = range(len(ns))
@@ -215,10 +222,7 @@ def plots(methods: list[Method], table: dict, costs: dict, out: Path) -> list[st
     ax.set_ylabel("ms")
     ax.set_title("cycle-time breakdown (measured components)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "cycle_breakdown.png", dpi=110)
-    names.append("cycle_breakdown.png")
-    plt.close(fig)
+    names.append(_save(fig, out, "cycle_breakdown.png"))
     return names
 
 
