@@ -1,0 +1,214 @@
+"""Self-generated training text as token ids: the target's own answers to every ShareGPT user turn.
+
+The expensive part of drafter data is the target's generation; its features (anchor states, top-k)
+are cheap to recompute by one batched prefill. So this module produces only token ids, compactly
+(2 bytes a token), in parts that can be committed and resumed on another machine:
+
+  <root>/meta.json         prompt-list fingerprint, settings
+  <root>/part_00000.npz    resp uint16|int32 [N] (flat responses, eos included when reached),
+                           offsets int64 [S+1], job int32 [S] (index into `selfgen_jobs`)
+
+Jobs: every user turn of every training conversation (earlier turns, as ShareGPT has them, are the
+context; the oldest turns are dropped until the prompt fits), answered greedily, plus a sampled
+answer (T = `sample_temp`) for a deterministic `sample_frac` of them. Evaluation sets never enter:
+ShareGPT only, train split only (`spd.train.data.is_heldout`).
+
+Generation is continuous batching in bf16 (`spd.train.batch_decode`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    prompt: tuple[int, ...]  # templated prompt ids (generation prompt included)
+    temperature: float  # 0 = greedy
+
+
+def turn_prompts(tokenizer, conv, max_prompt: int) -> list[list[int]]:
+    """One prompt per user turn of `conv`: the turns before it as context, oldest dropped to fit."""
+    from spd.text import encode_prompt
+
+    out = []
+    for k, msg in enumerate(conv.messages):
+        if msg["role"] != "user":
+            continue
+        start = 0
+        while start <= k:
+            ids = encode_prompt(tokenizer, messages=conv.messages[start:k + 1])
+            if len(ids) <= max_prompt:
+                out.append(ids)
+                break
+            start += 2  # drop the oldest user/assistant pair
+    return out
+
+
+def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_frac: float = 0.25,
+                 sample_temp: float = 0.7, seed: int = 0, block: int = 1024) -> list[Job]:
+    """The fixed job list (same on every machine for the same tokenizer and settings): shuffled,
+    then sorted by prompt length within blocks."""
+    from spd.train.data import load_sharegpt, split_conversations
+
+    train, held = split_conversations(load_sharegpt())
+    jobs = []
+    for conv in (train if split == "train" else held):
+        for ids in turn_prompts(tokenizer, conv, max_prompt):
+            jobs.append(Job(tuple(ids), 0.0))
+            h = int.from_bytes(hashlib.sha256(str(ids).encode()).digest()[:4], "big")
+            if h % 1000 < sample_frac * 1000:
+                jobs.append(Job(tuple(ids), sample_temp))
+    random.Random(seed).shuffle(jobs)
+    # similar lengths side by side: less padding in each prefill and narrower decode windows
+    return [j for i in range(0, len(jobs), block) for j in sorted(jobs[i:i + block], key=lambda j: len(j.prompt))]
+
+
+def fingerprint(jobs: list[Job]) -> str:
+    h = hashlib.sha256()
+    for j in jobs:
+        h.update(np.asarray(j.prompt, dtype=np.int32).tobytes() + str(j.temperature).encode())
+    return h.hexdigest()[:16]
+
+
+class IdStore:
+    """Parts of finished responses on disk (atomic writes); which jobs are done, for resuming."""
+
+    def __init__(self, root: Path, meta: dict, vocab_size: int):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.dtype = np.uint16 if vocab_size <= 65536 else np.int32
+        mpath = self.root / "meta.json"
+        if mpath.exists():
+            old = json.loads(mpath.read_text())
+            if old["fingerprint"] != meta["fingerprint"]:
+                raise ValueError(f"{self.root} was generated for another job list ({old['fingerprint']})")
+        else:
+            mpath.write_text(json.dumps(meta, indent=2))
+        self.meta = json.loads(mpath.read_text())
+        self._buf: list[tuple[int, list[int]]] = []
+
+    def parts(self) -> list[Path]:
+        return sorted(self.root.glob("part_*.npz"))
+
+    def done(self) -> set[int]:
+        return {int(j) for p in self.parts() for j in np.load(p)["job"]}
+
+    def tokens(self) -> int:
+        return sum(int(np.load(p)["offsets"][-1]) for p in self.parts())
+
+    def add(self, job: int, resp: list[int]) -> None:
+        self._buf.append((job, resp))
+
+    def buffered_tokens(self) -> int:
+        return sum(len(r) for _, r in self._buf)
+
+    def flush(self) -> None:
+        if not self._buf:
+            return
+        lens = [len(r) for _, r in self._buf]
+        arrays = dict(resp=np.concatenate([np.asarray(r, self.dtype) for _, r in self._buf]),
+                      offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                      job=np.asarray([j for j, _ in self._buf], np.int32))
+        idx = len(self.parts())
+        tmp = self.root / f".part_{idx:05d}.tmp.npz"
+        np.savez_compressed(tmp, **arrays)
+        os.replace(tmp, self.root / f"part_{idx:05d}.npz")
+        self._buf = []
+
+    @staticmethod
+    def read(path: Path) -> list[tuple[int, np.ndarray]]:
+        z = np.load(path)
+        off = z["offsets"]
+        return [(int(j), z["resp"][a:b]) for j, a, b in zip(z["job"], off[:-1], off[1:])]
+
+
+def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
+                 max_prompt: int = 384, limit_tokens: int = 0, part_tokens: int = 200_000, seed: int = 0,
+                 dtype=torch.bfloat16, device: str = "cpu", progress: bool = True) -> IdStore:
+    """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens."""
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
+
+    from spd.models.loading import load_tokenizer
+    from spd.train.batch_decode import BatchDecoder
+
+    tok = load_tokenizer(model_dir)
+    jobs = selfgen_jobs(tok, split, max_prompt, seed=seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    meta = {"model": Path(model_dir).name, "split": split, "jobs": len(jobs), "fingerprint": fingerprint(jobs),
+            "max_new": max_new, "max_prompt": max_prompt, "seed": seed, "dtype": str(dtype),
+            "sample_frac": 0.25, "sample_temp": 0.7}
+    store = IdStore(out, meta, model.config.vocab_size)
+    done = store.done()
+    todo = [(i, j) for i, j in enumerate(jobs) if i not in done]
+    have = store.tokens()
+    log.info("[selfgen] %d jobs, %d done (%d tokens), %d to go", len(jobs), len(done), have, len(todo))
+    bar = tqdm(total=limit_tokens or None, initial=have, unit="tok", disable=not progress, mininterval=10)
+    t0 = time.perf_counter()
+    state = {"tokens": have}
+
+    class Enough(Exception):
+        pass
+
+    def on_done(i, resp):
+        store.add(i, resp)
+        state["tokens"] += len(resp)
+        bar.update(len(resp))
+        if store.buffered_tokens() >= part_tokens:
+            store.flush()
+            rate = (state["tokens"] - have) / (time.perf_counter() - t0)
+            log.info("[selfgen] %d tokens, %.0f tok/s", state["tokens"], rate)
+        if limit_tokens and state["tokens"] >= limit_tokens:
+            raise Enough
+
+    decoder = BatchDecoder(model, batch, max_new, max_prompt, tok.eos_token_id, seed=seed + len(done))
+    try:
+        decoder.run([(i, j.prompt, j.temperature) for i, j in todo], on_done)
+    except Enough:
+        pass
+    finally:
+        store.flush()
+        bar.close()
+    return store
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from spd.models.loading import resolve_model
+
+    p = argparse.ArgumentParser(prog="python -m spd.train.selfgen", description="self-generated token ids (resumable)")
+    p.add_argument("--model", default=None, help="target model dir (default: the embedded SmolLM2)")
+    p.add_argument("--out", required=True, help="directory of parts (resumes what is there)")
+    p.add_argument("--split", choices=["train", "heldout"], default="train", help="ShareGPT split (default train)")
+    p.add_argument("--batch", type=int, default=128, help="rows decoding together (default 128)")
+    p.add_argument("--max-new", type=int, default=256, help="response cap in tokens (default 256)")
+    p.add_argument("--max-prompt", type=int, default=384, help="prompt cap; older turns dropped to fit (default 384)")
+    p.add_argument("--tokens", type=int, default=0, help="stop after this many response tokens in all (0: every job)")
+    p.add_argument("--part-tokens", type=int, default=200_000, help="response tokens per part file (default 200k)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    store = generate_ids(resolve_model(args.model), Path(args.out), args.split, args.batch, args.max_new,
+                         args.max_prompt, args.tokens, args.part_tokens, device=args.device)
+    print(f"{store.root}: {store.tokens()} tokens in {len(store.parts())} parts")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
