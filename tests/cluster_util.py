@@ -58,5 +58,29 @@ def supervised(cluster: Cluster, period_s: float = 0.2):
         thread.join(timeout=5)
 
 
+def data_plane_push(ctx, cluster: Cluster, endpoint: str):
+    """A PUSH socket into a worker's inbox holding the cluster's CurveZMQ key (an insider)."""
+    import zmq
+
+    from spd.runtime.curve import secure
+
+    sock = secure(ctx.socket(zmq.PUSH), server=False, secret=cluster.curve_secret)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(endpoint)
+    return sock
+
+
+def wait_for(condition, timeout_s: float, what: str, period_s: float = 0.1):
+    """Poll `condition()` until it returns something truthy (returned) or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout_s} s: {what}")
+        time.sleep(period_s)
+
+
 def pid_of(cluster: Cluster, role: str) -> int:
     return next(p.popen.pid for p in cluster.procs if p.role == role)

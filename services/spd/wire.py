@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 
 import msgpack
@@ -42,7 +43,23 @@ MAX_MESSAGE_BYTES = 256 << 20  # all frames together (256 MiB: 16k prefill token
 TENSORS_KEY = "tensors"  # header key reserved for the tensor table
 REQUIRED = (("rid", str), ("epoch", int), ("pos", int))  # header fields every message carries
 
+EPOCH_AHEAD_US = 60_000_000  # how far past the receiver's clock an epoch may be (clock skew between hosts)
+
 assert sys.byteorder == "little", "the SPD wire format is little-endian"
+
+
+def next_epoch(previous: int) -> int:
+    """The epoch after `previous`: the wall clock in microseconds, or previous + 1 if that is not later.
+
+    Epochs therefore only grow, across orchestrator restarts too, and never run ahead of the clock
+    (that would take more than one flush per microsecond), which lets a worker refuse an epoch from
+    the far future (`plausible_epoch`): a single forged control frame with a huge epoch would
+    otherwise make it drop every real message after it."""
+    return max(previous + 1, time.time_ns() // 1000)
+
+
+def plausible_epoch(epoch: int) -> bool:
+    return epoch <= time.time_ns() // 1000 + EPOCH_AHEAD_US
 
 
 class WireError(ValueError):

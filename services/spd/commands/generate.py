@@ -11,6 +11,7 @@ from spd.core.results import Generation, Stats
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.target import ar_stream
+from spd.commands import UsageError
 from spd.local import PipelineConfig, build_local
 from spd.text import TextStream, encode_prompt
 
@@ -48,11 +49,15 @@ def run(args: argparse.Namespace) -> int:
         from spd.commands.remote import run_remote  # needs the gRPC stubs only when used
 
         return run_remote(args)
+    req = _validated(args)
     cfg = PipelineConfig(model=args.model, n=1 if args.engine == "ar" else args.n, split=args.split,
                          draft=args.draft, ls=args.ls, device=args.device, dtype=args.dtype)
-    local = build_local(cfg, with_drafter=args.engine != "ar")
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.coupling)
-    stop = StopRule(args.max_tokens, eos_ids_of(local.tokenizer, local.config), tuple(args.stop), local.tokenizer)
+    try:
+        local = build_local(cfg, with_drafter=args.engine != "ar")
+    except ValueError as e:  # e.g. n greater than the model's layers, a bad --split
+        raise UsageError(str(e)) from None
+    params = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed, req.coupling)
+    stop = StopRule(req.max_tokens, eos_ids_of(local.tokenizer, local.config), req.stop, local.tokenizer)
     prompt_ids = encode_prompt(local.tokenizer, args.prompt, raw=args.raw)
     stats, trace = Stats(n=len(local.stages)), []
     if args.engine == "ar":
@@ -79,6 +84,19 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text.flush() + "\n")
         print(_summary(result), file=sys.stderr)
     return 0
+
+
+def _validated(args):
+    """The same request rules as the server's (spd.api.validation), so both paths agree."""
+    from spd.api.validation import InvalidRequest, validate
+    from spd_client.client import build_request
+
+    try:
+        return validate(build_request(args.prompt, raw=args.raw, max_tokens=args.max_tokens,
+                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                      seed=args.seed, stop=args.stop, coupling=args.coupling))
+    except InvalidRequest as e:
+        raise UsageError(e.message) from None
 
 
 def _summary(g: Generation) -> str:

@@ -23,9 +23,19 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from spd.commands import UsageError
+    from spd.core.split import check_width
+    from spd.models.loading import load_config, resolve_model
+
     devices = [d for d in args.devices.split(",") if d]
     if devices and len(devices) not in (args.n, args.n + 1):
-        raise SystemExit(f"--devices needs {args.n} or {args.n + 1} entries, got {len(devices)}")
+        raise UsageError(f"--devices needs {args.n} or {args.n + 1} entries, got {len(devices)}")
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    try:  # before any process starts: a bad width would otherwise crash-loop every stage
+        check_width(args.n, load_config(resolve_model(args.model)).num_hidden_layers)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(f"--n/--model: {e}") from None
     cfg = ClusterConfig(args.n, args.port, args.model, args.draft, args.split, devices, args.schedule,
                         args.state_file, args.metrics_port, args.log_dir)
     return Cluster(cfg).run()

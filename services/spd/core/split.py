@@ -40,10 +40,15 @@ class PipelineSplit:
         return tuple(b for b in anchors if lo < b <= hi or (b == 0 and stage == 1))
 
 
+def check_width(n: int, num_layers: int) -> None:
+    """A pipeline has 1..L stages (each owns at least one decoder layer)."""
+    if not 1 <= n <= num_layers:
+        raise ValueError(f"n must be in 1..{num_layers} (the model's decoder layers), got {n}")
+
+
 def uniform_split(num_layers: int, n: int) -> PipelineSplit:
     """e[j] = round(j*L/n)."""
-    if not 1 <= n <= num_layers:
-        raise ValueError(f"n must be in 1..{num_layers} (the number of layers), got {n}")
+    check_width(n, num_layers)
     return PipelineSplit(tuple(round(j * num_layers / n) for j in range(n + 1)))
 
 

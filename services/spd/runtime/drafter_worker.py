@@ -39,7 +39,7 @@ class DrafterWorker(Worker):
 
     def handle(self, msg: wire.Message) -> None:
         if msg.kind in ("PREFILL", "RESEED", "CANCEL"):
-            if msg.epoch < self.epoch:
+            if msg.epoch < self.epoch or not self.plausible(msg):
                 return
             self._open_epoch(msg)
         elif msg.kind == "ANCHORS":
@@ -83,7 +83,8 @@ class DrafterWorker(Worker):
         h = msg.header
         count = h["count"]
         if msg.epoch < self.epoch:  # older epoch: only positions its flush kept are still valid
-            keep = self.bases.get(msg.epoch + 1)
+            # epochs are not consecutive (wire.next_epoch): the flushes after msg's epoch kept < min base
+            keep = min((b for e, b in self.bases.items() if e > msg.epoch), default=None)
             if keep is None or msg.pos >= keep:
                 self.dropped["stale"] += 1
                 return

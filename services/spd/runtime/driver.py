@@ -54,7 +54,7 @@ class Driver:
         self.jobs: "queue.Queue[Job]" = queue.Queue(maxsize=cfg.queue_size)
         self.registry = Registry(self.n)
         # Epochs only grow, across orchestrator restarts too (workers drop anything older).
-        self.epoch = int(time.time() * 1000)
+        self.epoch = wire.next_epoch(0)
         self.stop = threading.Event()
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
@@ -108,7 +108,7 @@ class Driver:
         try:
             self._await_workers(job)
             _Run(self, job).run()
-            metrics.REQUESTS.labels("ok").inc()
+            metrics.REQUESTS.labels("cancelled" if job.cancelled.is_set() else "ok").inc()
         except _Unavailable as e:
             metrics.REQUESTS.labels("unavailable").inc()
             log.error("[fail] request %s: %s", job.rid, e)
@@ -131,7 +131,7 @@ class Driver:
 
     def broadcast(self, kind: str, header: dict, tensors=None, epoch_bump: bool = True) -> int:
         if epoch_bump:
-            self.epoch += 1
+            self.epoch = wire.next_epoch(self.epoch)
         head = {"epoch": self.epoch, "pos": header.pop("pos", 0), **header}
         for sock in self.peers:
             wire.send(sock, kind, head, tensors, timeout_ms=100)
@@ -293,6 +293,9 @@ class _Run:
             raise _Unavailable(f"pipeline failed {self.stats['recoveries']} times: {why}")
         log.warning("[recover] %s: %s; re-prefilling %d committed tokens", self.job.rid, why, len(self.verifier.tokens))
         self.d._await_workers(self.job)
+        # The replacement's HELLO, heard while waiting for it, belongs to this fault: counting it
+        # again at the next step made one kill two recoveries.
+        self.d.take_restart()
         self.verifier.drafts = {}
         self.verifier._reseeded = True
         self.exits = {}

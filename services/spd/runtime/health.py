@@ -9,6 +9,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+LIVENESS = "liveness"  # service name that is SERVING while the process itself answers (liveness probes)
 
 
 def add_health(server: grpc.Server) -> health.HealthServicer:
@@ -27,11 +28,11 @@ def start_health_server(port: int, host: str = "127.0.0.1") -> tuple[grpc.Server
     return server, servicer
 
 
-def check(address: str, timeout: float = 1.0) -> bool:
-    """Is the process at address SERVING?"""
+def check(address: str, timeout: float = 1.0, service: str = "") -> bool:
+    """Is `service` ("" = the process's overall status) at address SERVING?"""
     try:
         with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
             return reply.status == SERVING
     except grpc.RpcError:
         return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -20,6 +23,15 @@ class Job:
     events: "queue.Queue[tuple]" = field(default_factory=queue.Queue)  # ("token", id) / ("done", reason, stats) / ("error", code, msg)
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by the handler on cancel/deadline
     submitted: float = field(default_factory=time.monotonic)
+    finished: threading.Event = field(default_factory=threading.Event)  # set once "done" / "error" is emitted
 
     def emit(self, *event) -> None:
+        if event[0] in ("done", "error"):
+            self.finished.set()
         self.events.put(event)
+
+    def cancel(self) -> None:
+        """The client is gone: the driver stops this job at its next step (a no-op once finished)."""
+        if not self.finished.is_set() and not self.cancelled.is_set():
+            log.info("[cancel] %s: client went away", self.rid)
+            self.cancelled.set()

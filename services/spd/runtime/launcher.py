@@ -1,6 +1,13 @@
 """`spd up`: a whole pipeline on this machine — n stages, the drafter and the orchestrator as
-separate processes, supervised (a crashed worker is restarted with backoff), with a state file
-(role -> pid, address) and a single `ready` line once every process is healthy.
+separate processes, supervised, with a state file (role -> pid, address; the launcher's own pid)
+and a single `ready` line once every process is healthy.
+
+Supervision: a process that exits is restarted with backoff; one that stops answering its health
+check for `hung_after_s` (SIGSTOP, a wedged host thread) is killed and restarted the same way; one
+that keeps failing right at start ends the launcher (CrashLoop). Children exit by themselves when
+the launcher dies (`spd.runtime.lifeline`). The data plane is encrypted and authenticated with a
+CurveZMQ key made for this launch (or SPD_CURVE_SECRET), so nothing outside the cluster can inject
+frames.
 """
 
 from __future__ import annotations
@@ -9,17 +16,22 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spd.runtime.health import check
+import zmq
+
+from spd.runtime import curve, lifeline
+from spd.runtime.health import LIVENESS, check
 from spd.runtime.topology import free_ports, local_topology
 
 log = logging.getLogger(__name__)
 START_WINDOW_S = 20.0  # an error exit this soon after a spawn is a start failure
+HEALTH_EVERY_S = 1.0  # how often a running process's health is checked
 
 
 @dataclass
@@ -41,6 +53,8 @@ class ClusterConfig:
     worker_wait_s: float = 60.0  # orchestrator: how long a request waits for a missing stage
     ready_timeout_s: float = 300.0  # give up if not healthy by then
     max_start_failures: int = 5  # a worker failing at start this many times in a row stops the launcher
+    hung_after_s: float = 4.0  # a process that was healthy and then fails health checks this long is killed
+    curve: bool = True  # encrypt/authenticate ZeroMQ with a per-launch key (SPD_CURVE_SECRET if set)
 
 
 @dataclass
@@ -48,15 +62,30 @@ class Proc:
     role: str  # "stage-J", "drafter", "orchestrator"
     argv: list[str]
     health: str  # host:port of its grpc health service
+    live_service: str = ""  # health service name that says the process answers ("" = overall status)
     popen: subprocess.Popen | None = None
     restarts: int = 0
     next_start: float = 0.0
     spawned_at: float = 0.0  # monotonic time of the last spawn
     start_failures: int = 0  # consecutive error exits soon after spawn (a crash loop, e.g. bad config)
+    healthy_at: float | None = None  # monotonic time of its last good health check (None: not yet healthy)
+    checked_at: float = 0.0  # monotonic time of its last health check
 
 
 class CrashLoop(RuntimeError):
     """A worker keeps exiting with an error right after it starts: restarting cannot help."""
+
+
+class PortInUse(RuntimeError):
+    """The gRPC port is taken (another cluster?): a second listener would split its requests."""
+
+
+def ensure_port_free(port: int, host: str = "127.0.0.1") -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise PortInUse(f"port {port} is already in use ({e.strerror}); is another `spd up` running?") from None
 
 
 class Cluster:
@@ -70,6 +99,10 @@ class Cluster:
         self._health_ports = ports[cfg.n + 2: 2 * cfg.n + 3]
         self.procs = self._plan()
         self.stop = False
+        self.env = dict(os.environ, **{lifeline.ENV: str(os.getpid())})
+        if cfg.curve and not self.env.get(curve.ENV):
+            self.env[curve.ENV] = zmq.curve_keypair()[1].decode()
+        self.curve_secret = self.env.get(curve.ENV)  # for tools that must talk to the data plane (tests)
 
     def _plan(self) -> list[Proc]:
         cfg, topo = self.cfg, self.topology
@@ -90,20 +123,24 @@ class Cluster:
         orch = ["orchestrator", "--topology", topo.to_json(), "--port", str(cfg.port), "--schedule", cfg.schedule,
                 "--metrics-port", str(cfg.metrics_port), "--queue-size", str(cfg.queue_size),
                 "--worker-wait", str(cfg.worker_wait_s)] + cfg.extra_orchestrator_args + (["--model", cfg.model] if cfg.model else [])
-        procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}"))
+        procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}", live_service=LIVENESS))
         return procs
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _spawn(self, p: Proc) -> None:
-        out = open(self.cfg.log_dir / f"{p.role}.log", "ab") if self.cfg.log_dir else None
-        p.popen = subprocess.Popen([sys.executable, "-m", "spd.cli", "--log-level",
-                                    os.environ.get("SPD_LOG_LEVEL", "INFO"), *p.argv],
-                                   stdout=out or sys.stderr, stderr=subprocess.STDOUT, start_new_session=True)
+        argv = [sys.executable, "-m", "spd.cli", "--log-level", os.environ.get("SPD_LOG_LEVEL", "INFO"), *p.argv]
+        if self.cfg.log_dir:
+            with open(self.cfg.log_dir / f"{p.role}.log", "ab") as out:  # the child keeps its own copy
+                p.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+        else:
+            p.popen = subprocess.Popen(argv, stdout=sys.stderr, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         p.spawned_at = time.monotonic()
+        p.healthy_at = None
         log.info("[spawn] %s pid %d", p.role, p.popen.pid)
 
     def start(self) -> None:
+        ensure_port_free(self.cfg.port)
         if self.cfg.log_dir:
             self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         for p in self.procs:
@@ -111,10 +148,11 @@ class Cluster:
         self.write_state()
 
     def supervise_once(self) -> None:
-        """Restart any dead process (exponential backoff, capped at 5 s)."""
+        """Restart any dead process (exponential backoff, capped at 5 s); kill a hung one."""
         now = time.monotonic()
         for p in self.procs:
             if p.popen is not None and p.popen.poll() is None:
+                self._watch_health(p, now)
                 continue
             if p.popen is not None:
                 self._count_start_failure(p, now)
@@ -125,6 +163,20 @@ class Cluster:
             if now >= p.next_start:
                 self._spawn(p)
                 self.write_state()
+
+    def _watch_health(self, p: Proc, now: float) -> None:
+        """A process that was healthy and has not answered for hung_after_s is killed (SIGKILL);
+        the next supervise_once restarts it like any dead process."""
+        if now - p.checked_at < HEALTH_EVERY_S:
+            return
+        p.checked_at = now
+        if check(p.health, timeout=min(1.0, self.cfg.hung_after_s / 2), service=p.live_service):
+            p.healthy_at = time.monotonic()
+        elif p.healthy_at is not None and time.monotonic() - p.healthy_at > self.cfg.hung_after_s:
+            log.warning("[recover] %s pid %d has not answered its health check for %.1f s: killing it",
+                        p.role, p.popen.pid, time.monotonic() - p.healthy_at)
+            p.popen.kill()
+            p.popen.wait(5)
 
     def _count_start_failure(self, p: Proc, now: float) -> None:
         """An error exit (not a signal: kill -9 is a fault to recover from) within START_WINDOW_S of
@@ -149,6 +201,7 @@ class Cluster:
             state[f"stage-{j}"]["zmq"] = endpoint
         state["drafter"]["zmq"] = self.topology.drafter
         state["orchestrator"].update(zmq=self.topology.orchestrator, grpc=f"127.0.0.1:{self.cfg.port}")
+        state["launcher"] = {"pid": os.getpid()}
         tmp = Path(str(self.cfg.state_file) + ".tmp")
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.cfg.state_file)
@@ -171,7 +224,11 @@ class Cluster:
         """Start, print `ready`, supervise until SIGINT/SIGTERM."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self.start()
+        try:
+            self.start()
+        except PortInUse as e:
+            log.error("%s", e)
+            return 1
         started, announced = time.monotonic(), False
         try:
             while not self.stop:

@@ -15,7 +15,8 @@ from spd.api.validation import Limits
 from spd.core.stopping import eos_ids_of
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.runtime.driver import Driver, DriverConfig
-from spd.runtime.health import NOT_SERVING, SERVING, add_health
+from spd.runtime.health import LIVENESS, NOT_SERVING, SERVING, add_health
+from spd.runtime.lifeline import supervisor_gone
 from spd.runtime.security import TokenInterceptor, server_credentials
 from spd.runtime.servicer import SPDServicer
 from spd.runtime.topology import Topology
@@ -45,13 +46,15 @@ def serve(cfg: OrchestratorConfig) -> None:
     config, tokenizer = load_config(model_dir), load_tokenizer(model_dir)
     driver = Driver(cfg.topology, DriverConfig(config.vocab_size, config.max_position_embeddings, cfg.schedule,
                                                cfg.queue_size, worker_wait_s=cfg.worker_wait_s))
-    driver.start()
+    driver_thread = driver.start()
     interceptors = [TokenInterceptor(cfg.token)] if cfg.token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + 8), interceptors=interceptors,
-                         options=[("grpc.max_receive_message_length", 4 << 20)])
+                         options=[("grpc.max_receive_message_length", 4 << 20),
+                                  ("grpc.so_reuseport", 0)])  # a second server on this port fails, not shares it
     spd_pb2_grpc.add_SPDServicer_to_server(
         SPDServicer(driver, tokenizer, eos_ids_of(tokenizer, config), Limits(max_tokens=cfg.max_tokens)), server)
     health = add_health(server)
+    health.set(LIVENESS, SERVING)  # the process answers: what a liveness probe asks (not pipeline readiness)
     if cfg.tls_cert:
         server.add_secure_port(f"{cfg.host}:{cfg.port}", server_credentials(cfg.tls_cert, cfg.tls_key))
     else:
@@ -66,8 +69,12 @@ def serve(cfg: OrchestratorConfig) -> None:
     try:
         while not stop.wait(0.5):
             health.set("", SERVING if driver.ready() else NOT_SERVING)
+            if supervisor_gone():
+                log.error("[stop] orchestrator: the supervisor that started it is gone; exiting")
+                break
     finally:
         health.set("", NOT_SERVING)
         server.stop(grace=2).wait(5)
         driver.stop.set()
+        driver_thread.join(timeout=5)
         log.info("[stop] orchestrator")

@@ -19,7 +19,7 @@ from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-EVENT_POLL_S = 0.2  # how often a waiting handler checks for cancellation and its deadline
+EVENT_POLL_S = 0.2  # how often a waiting handler checks whether its job was cancelled
 
 
 class SPDServicer(spd_pb2_grpc.SPDServicer):
@@ -64,6 +64,10 @@ class SPDServicer(spd_pb2_grpc.SPDServicer):
         params = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed, req.coupling)
         stop = StopRule(req.max_tokens, self.eos_ids, req.stop, self.tokenizer)
         job = Job(req.request_id or uuid.uuid4().hex[:16], ids, params, stop)
+        # gRPC's own signal: runs when the call ends for any reason (client cancel, deadline,
+        # disconnect, or our own return), so an abandoned request stops within one driver step
+        # even while its tokens are still flowing.
+        context.add_callback(job.cancel)
         try:
             self.driver.jobs.put_nowait(job)
         except queue.Full:
@@ -74,14 +78,13 @@ class SPDServicer(spd_pb2_grpc.SPDServicer):
         return job
 
     def _events(self, job: Job, context):
-        """Driver events for this job until done; honours cancellation and the deadline."""
+        """Driver events for this job until done or cancelled."""
         while True:
             try:
                 event = job.events.get(timeout=EVENT_POLL_S)
             except queue.Empty:
-                if not context.is_active():
-                    job.cancelled.set()
-                    log.info("[cancel] %s: client went away", job.rid)
+                if job.cancelled.is_set() or not context.is_active():
+                    job.cancel()
                     return
                 continue
             if event[0] == "error":

@@ -41,7 +41,7 @@ class StageWorker(Worker):
 
     def handle(self, msg: wire.Message) -> None:
         if msg.kind in ("PREFILL", "RESEED", "CANCEL"):
-            if msg.epoch < self.epoch:
+            if msg.epoch < self.epoch or not self.plausible(msg):
                 self.dropped["stale"] += 1
                 return
             self._open_epoch(msg)

@@ -20,6 +20,7 @@ import zmq
 
 from spd import wire
 from spd.runtime.curve import secure
+from spd.runtime.lifeline import supervisor_gone
 from spd.runtime.topology import Topology, bind_endpoint
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,14 @@ class Worker:
     def handle(self, msg: wire.Message) -> None:
         raise NotImplementedError
 
+    def plausible(self, control: wire.Message) -> bool:
+        """A control message may open its epoch only if that epoch is not from the far future."""
+        if wire.plausible_epoch(control.epoch):
+            return True
+        self.dropped["protocol"] += 1
+        log.warning("[drop] %s %d: %s with epoch %d from the future (forged?)", self.role, self.index, control.kind, control.epoch)
+        return False
+
     def _on_signal(self, signum, frame) -> None:
         self.stop = True
 
@@ -99,6 +108,10 @@ class Worker:
         try:
             kind = "HELLO"
             while not self.stop:
+                if supervisor_gone():
+                    log.error("[stop] %s %d: the supervisor that started it is gone; exiting", self.role, self.index)
+                    self.stop = True
+                    break
                 wire.send(sock, kind, {"rid": "", "epoch": 0, "pos": 0, "role": self.role, "index": self.index,
                                        "incarnation": self.incarnation, "pid": os.getpid(),
                                        "dropped": dict(self.dropped)}, timeout_ms=0)
