@@ -45,3 +45,24 @@ def test_markdown_labels_projected_columns():
     md = markdown({"model": "m", "command": "spd eval", "prompts": 2, "max_tokens": 8, "top_k": 50, "top_p": 1.0,
                    "threads": 1, "date": "today"}, methods, [], table, COSTS, None, [])
     assert "projected" in md and "ᵖ" in md and "EAGLE-3 k=3" in md
+
+
+def test_a_projection_never_exceeds_s0_even_when_ar_was_timed_during_a_load_spike():
+    # Seen on a fresh clone: AR timed at 144.6 ms a token (41.3 quiet) projected SPD at 1.92x, S0 1.25.
+    spike = {**COSTS, "ar_token_ms": 144.6}
+    r = compute([SPD, PPSD], accept(), spike)["0.0"]["overall"]
+    for label in ("SPD n=5", "PPSD n=5"):
+        assert r[label]["wall"] <= r[label]["S0"] + 1e-9
+
+
+def test_missing_checkpoints_are_one_line_and_a_lone_width_gets_no_sweep_plot(tmp_path):
+    from spd.eval.report import plots
+
+    methods = [SPD, PPSD, EAGLE]
+    table = compute(methods, accept(), COSTS)
+    absent = [Method(f"SPD n={n}", "spd", f"runs/sweep/n{n}/pdm", n, "pre", groups=("n",)) for n in (2, 3)]
+    md = markdown({"model": "m", "command": "spd eval", "prompts": 2, "max_tokens": 8, "top_k": 50, "top_p": 1.0,
+                   "threads": 1, "date": "today"}, methods, absent, table, COSTS, None, [])
+    assert md.count("runs/sweep") == 2 and "2 variants have no checkpoint here" in md
+    names = plots(methods, table, COSTS, tmp_path)
+    assert "width_sweep.png" not in names and (tmp_path / "cycle_breakdown.png").exists()

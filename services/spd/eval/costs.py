@@ -6,10 +6,14 @@ an EAGLE-3 chain step). The runtime's fixed overhead per cycle (ZeroMQ hops, dra
 scheduling) comes from `spd bench runtime_overhead` (benchmarks/results/runtime_overhead.json,
 measured at n = 2, 4, 8 with zero-compute stages), interpolated in n — clamped outside that range.
 
-Projection (DESIGN §5, labelled "projected" wherever printed): a pipeline cycle costs
-  pre-step:          max(slowest stage, draft) + overhead(n)
-  post-step / PPSD:  slowest stage + draft + overhead(n)
-and SPD decodes α tokens per cycle, so tok/s = α / cycle.
+Projection (labelled "projected" wherever printed): a pipeline cycle costs
+  pre-step:          max(stage, draft) + overhead(n)
+  post-step / PPSD:  stage + draft + overhead(n)
+with stage = max(slowest measured stage, AR token time / n): the n stages together are one AR
+token, so no stage can be faster than their mean. SPD decodes α tokens per cycle, so tok/s = α / cycle
+and the projected speedup α·AR / cycle can never exceed S0 = n·α, whatever a noisy timing says.
+The AR token time is the median of several short runs interleaved with the stage timings, so one
+load spike cannot set it.
 """
 
 from __future__ import annotations
@@ -89,7 +93,9 @@ def overhead_ms(n: int, path: Path = OVERHEAD_FILE) -> float | None:
     return float(np.interp(n, [r["n"] for r in rows], [r["cycle_p50_us"] / 1e3 for r in rows]))
 
 
-def projected_cycle_ms(slowest_stage: float, draft: float, overhead: float, schedule: str) -> float:
+def projected_cycle_ms(slowest_stage: float, draft: float, overhead: float, schedule: str,
+                       ar_ms: float, n: int) -> float:
+    stage = max(slowest_stage, ar_ms / n)
     if schedule == "pre":
-        return max(slowest_stage, draft) + overhead
-    return slowest_stage + draft + overhead
+        return max(stage, draft) + overhead
+    return stage + draft + overhead

@@ -7,7 +7,8 @@ Columns, per method (all ratios are over single-process greedy/sampled AR of the
         SPD pre-step α / max(1/n, c); SPD post-step and PPSD n·α / (1 + n·c); EAGLE-3 τ / (1 + k·c)
   wall  EAGLE-3: MEASURED decode tok/s over AR's (same prompts, same process, this CPU).
         SPD / PPSD: PROJECTED from measured stage, draft and runtime-overhead times (spd.eval.costs):
-        tok/s = α / cycle, cycle = max(stage, draft) + overhead (pre) or stage + draft + overhead (post).
+        tok/s = α / cycle, cycle = max(stage, draft) + overhead (pre) or stage + draft + overhead (post),
+        stage never below AR / n (spd.eval.costs), so the projection is at most S0.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def metrics(m: Method | None, t: dict, ar: dict, costs: dict, prompts: int) -> d
     if alpha and c is not None:
         out["S"] = alpha / max(1 / n, c) if m.schedule == "pre" else n * alpha / (1 + n * c)
     if alpha and draft is not None and stage is not None:
-        cycle = projected_cycle_ms(stage, draft, over, m.schedule)
+        cycle = projected_cycle_ms(stage, draft, over, m.schedule, ar_ms, n)
         out.update(cycle_ms=cycle, tok_s=1e3 * alpha / cycle, wall=alpha * ar_ms / cycle, wall_kind="projected")
     return out
 
@@ -138,8 +139,9 @@ def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dic
     for n, st in costs["stage_ms"].items():
         d = _sweep_draft_ms(methods, costs, n)
         o = costs["overhead_ms"].get(n) or 0.0
-        pre = projected_cycle_ms(max(st), d, o, "pre") if d is not None else None
-        post = projected_cycle_ms(max(st), d, o, "post") if d is not None else None
+        ar = costs["ar_token_ms"]
+        pre = projected_cycle_ms(max(st), d, o, "pre", ar, int(n)) if d is not None else None
+        post = projected_cycle_ms(max(st), d, o, "post", ar, int(n)) if d is not None else None
         L.append(f"| {n} | {' / '.join(f'{x:.1f}' for x in st)} | {max(st):.1f} | {_f(d, 1)} | {o:.2f} | {_f(pre, 1)} | "
                  f"{_f(post, 1)} | {costs['ar_token_ms'] / int(n):.1f} |")
     L.append("")
@@ -150,16 +152,22 @@ def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dic
               "| | N | K | α |", "|---|---|---|---|",
               f"| live engine (rejection sampling) | {check['live']['N']} | {check['live']['K']} | {check['live']['alpha']:.3f} |",
               f"| Σ min(p, q) estimate | {check['estimate']['N']} | {check['estimate']['K']:.1f} | {check['estimate']['alpha']:.3f} |", ""]
-    if missing:
-        L += ["## Not evaluated (checkpoint missing)", ""] + [f"- {m.label}: `{m.draft}`" for m in missing] + [""]
+    if missing:  # one line, not a path per variant: on a fresh clone none of the runs/ exist
+        where = sorted({str(Path(m.draft).parent) for m in missing})
+        L += ["## Not evaluated", "", f"{len(missing)} variants have no checkpoint here ({', '.join(m.label for m in missing)}; "
+              f"looked in {', '.join(f'`{w}`' for w in where)}): train them with `benchmarks/train_main.sh` / "
+              "`benchmarks/train_sweep.sh`.", ""]
     L += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    if "width_sweep.png" not in plots:
+        L += ["(No width-sweep plot: fewer than two widths of a sweep were evaluated here.)", ""]
     return "\n".join(L)
 
 
 def _sweep_draft_ms(methods: list[Method], costs: dict, n: str) -> float | None:
-    """Draft time of the width sweep's pre-step SPD PDM at width n (the cycle-breakdown column)."""
-    m = next((m for m in methods if m.kind == "spd" and str(m.n) == n and m.schedule == "pre" and m.draft != "shipped"), None)
-    return costs["draft_ms"].get(m.label) if m else None
+    """Draft time of a pre-step SPD PDM at width n that was timed (the sweep's, else any, e.g. the shipped one)."""
+    timed = [m for m in methods if m.kind == "spd" and str(m.n) == n and m.schedule == "pre" and m.label in costs["draft_ms"]]
+    timed.sort(key=lambda m: m.draft == "shipped")  # prefer the sweep's own PDM
+    return costs["draft_ms"][timed[0].label] if timed else None
 
 
 def _save(fig, out: Path, name: str) -> str:
@@ -194,19 +202,21 @@ def plots(methods: list[Method], table: dict, costs: dict, out: Path) -> list[st
     # 2. width sweep
     T0 = next(iter(table))
     o = table[T0]["overall"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for kind, marker in (("spd", "o"), ("ppsd", "s")):
-        rows = sorted((m for m in methods if m.kind == kind and "n" in m.groups and m.label in o), key=lambda m: m.n)
-        if rows:
-            ax.plot([m.n for m in rows], [o[m.label].get("S0") or 0 for m in rows], marker=marker, label=f"{kind.upper()} S0")
-            ax.plot([m.n for m in rows], [o[m.label].get("wall") or 0 for m in rows], marker=marker, ls="--",
-                    label=f"{kind.upper()} wall (projected)")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xlabel("pipeline width n")
-    ax.set_ylabel("speedup over AR")
-    ax.set_title(f"width sweep, T = {T0}, all sets")
-    ax.legend(fontsize=8)
-    names.append(_save(fig, out, "width_sweep.png"))
+    sweep = {kind: sorted((m for m in methods if m.kind == kind and "n" in m.groups and m.label in o), key=lambda m: m.n)
+             for kind in ("spd", "ppsd")}
+    if any(len(rows) > 1 for rows in sweep.values()):  # a sweep needs two widths; else the report says so
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (kind, rows), marker in zip(sweep.items(), ("o", "s")):
+            if rows:
+                ax.plot([m.n for m in rows], [o[m.label].get("S0") or 0 for m in rows], marker=marker, label=f"{kind.upper()} S0")
+                ax.plot([m.n for m in rows], [o[m.label].get("wall") or 0 for m in rows], marker=marker, ls="--",
+                        label=f"{kind.upper()} wall (projected)")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xlabel("pipeline width n")
+        ax.set_ylabel("speedup over AR")
+        ax.set_title(f"width sweep, T = {T0}, all sets")
+        ax.legend(fontsize=8)
+        names.append(_save(fig, out, "width_sweep.png"))
     # 3. cycle breakdown
     ns = list(costs["stage_ms"])
     stage = [max(costs["stage_ms"][n]) for n in ns]
