@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     cache = TeacherCache(teacher_dir(model_dir, args.heldout) if "/" not in args.heldout else args.heldout)
     seqs = []
     for sh in cache.shards():
-        seqs.extend(TeacherCache.sequences(sh))
+        seqs.extend(cache.sequences(sh))
     seqs = seqs[:args.seqs]
     cols = [cache.layers.index(b) for b in pdm.config.anchors]
     t2d = target_to_draft(pdm.d2t, config.vocab_size)

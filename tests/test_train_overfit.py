@@ -26,7 +26,7 @@ def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
     forward_teacher(model_dir, seqs, cache, batch=2, dtype=torch.float32, ns=(3,))
     tc = TeacherCache(cache)
     assert tc.progress()["loss_tokens"] == 4 * 30  # positions whose next token is assistant text
-    s = TeacherCache.sequences(tc.shards()[0])[0]
+    s = tc.sequences(tc.shards()[0])[0]
     assert s["anchors"].shape == (40, len(tc.layers), 64) and s["top_p"][9:39].sum(-1).min() > 0.5 and s["loss"][9:39].all()
 
     cfg = TrainConfig(model=str(model_dir), n=3, ls=1, data=str(cache), heldout=str(cache), vocab=96, lr=3e-3,

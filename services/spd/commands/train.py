@@ -54,6 +54,8 @@ def add_parser(sub) -> None:
     p.add_argument("--fill", default="design",
                    help="simulated fill levels: design (a = n w.p. 1/2, else uniform) | judged:P (as the engine judges at acceptance P)")
     p.add_argument("--device", default="cpu", help="torch device for the PDM (cuda for the GPU recipe)")
+    p.add_argument("--amp", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="autocast dtype of the PDM forward (default bfloat16; master weights stay fp32)")
     p.set_defaults(run=run)
 
 
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                       ckpt_every_s=args.ckpt_every, out=args.out, resume=args.resume, seed=args.seed,
                       threads=args.threads, wait=args.wait, max_seconds=args.max_seconds,
                       init_head=not args.no_init_head, progress=not args.no_progress,
-                      device=args.device, fill=args.fill)
+                      device=args.device, fill=args.fill, amp=args.amp)
     pdm = train(cfg)
     notes = pdm.config.notes
     print(json.dumps({"out": str(Path(args.out) / "pdm"), "tokens_seen": notes.get("tokens_seen"),

@@ -87,11 +87,14 @@ class PDM(nn.Module):
 
     def fuse(self, anchors: torch.Tensor, num_eligible: torch.Tensor) -> torch.Tensor:
         """anchors: [Q, m, d] (ineligible slots ignored); num_eligible: [Q] -> g: [Q, w]."""
-        out = anchors.new_empty(anchors.shape[0], self.config.hidden_size)
+        out = None  # allocated with the fusions' output dtype (bf16 under autocast)
         for k in num_eligible.unique().tolist():
             rows = num_eligible == k
-            out[rows] = self.fusions[k - 1](anchors[rows, :k])
-        return out
+            g = self.fusions[k - 1](anchors[rows, :k])
+            if out is None:
+                out = g.new_empty(anchors.shape[0], self.config.hidden_size)
+            out[rows] = g
+        return out if out is not None else anchors.new_empty(0, self.config.hidden_size)
 
     def forward(self, g: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache=None) -> torch.Tensor:
         """Draft-vocabulary logits for fused features.

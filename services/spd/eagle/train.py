@@ -169,7 +169,7 @@ def make_draft(cfg: EagleTrainConfig, model_dir: Path, config, d2t: torch.Tensor
 def _held_sequences(held: TeacherCache | None, n: int) -> list[dict]:
     seqs = []
     for sh in (held.shards() if held is not None else []):
-        seqs.extend(TeacherCache.sequences(sh))
+        seqs.extend(held.sequences(sh))
         if len(seqs) >= n:
             break
     return seqs[:n]
@@ -252,7 +252,7 @@ def train(cfg: EagleTrainConfig) -> EagleDraft:
                 run.epoch, run.shard, run.seq = run.epoch + 1, 0, 0
                 continue
             break
-        seqs = TeacherCache.sequences(shards[run.shard])
+        seqs = cache.sequences(shards[run.shard])
         order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(
             cfg.seed * 1000003 + run.shard + 7919 * run.epoch)).tolist()
         while run.seq < len(order):

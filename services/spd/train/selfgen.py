@@ -60,7 +60,28 @@ def turn_prompts(tokenizer, conv, max_prompt: int) -> list[list[int]]:
 def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_frac: float = 0.25,
                  sample_temp: float = 0.7, seed: int = 0, block: int = 1024) -> list[Job]:
     """The fixed job list (same on every machine for the same tokenizer and settings): shuffled,
-    then sorted by prompt length within blocks."""
+    then sorted by prompt length within blocks. Templating ~40k prompts takes a minute or two, so
+    the list is cached under $SPD_CACHE/selfgen/ (callers check `fingerprint` against the data)."""
+    from spd.models.loading import cache_dir
+
+    key = hashlib.sha256(json.dumps([getattr(tokenizer, "name_or_path", ""), len(tokenizer), split, max_prompt,
+                                     sample_frac, sample_temp, seed, block]).encode()).hexdigest()[:16]
+    path = cache_dir() / "selfgen" / f"jobs-{key}.npz"
+    if path.exists():
+        z = np.load(path)
+        off = z["offsets"]
+        return [Job(tuple(z["ids"][a:b].tolist()), float(t)) for a, b, t in zip(off[:-1], off[1:], z["temps"])]
+    jobs = _build_jobs(tokenizer, split, max_prompt, sample_frac, sample_temp, seed, block)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez(tmp, ids=np.concatenate([np.asarray(j.prompt, np.int32) for j in jobs]),
+             offsets=np.concatenate([[0], np.cumsum([len(j.prompt) for j in jobs])]).astype(np.int64),
+             temps=np.asarray([j.temperature for j in jobs], np.float64))
+    os.replace(tmp, path)
+    return jobs
+
+
+def _build_jobs(tokenizer, split, max_prompt, sample_frac, sample_temp, seed, block) -> list[Job]:
     from spd.train.data import load_sharegpt, split_conversations
 
     train, held = split_conversations(load_sharegpt())

@@ -258,8 +258,7 @@ class TeacherCache:
         p = self.root / "progress.json"
         return json.loads(p.read_text()) if p.exists() else {}
 
-    @staticmethod
-    def sequences(shard: Path) -> list[dict]:
+    def sequences(self, shard: Path) -> list[dict]:
         t = load_file(shard)
         off = t["offsets"].tolist()
         return [{k: t[k][a:b] for k in ("tokens", "loss", "anchors", "top_ids", "top_p")}

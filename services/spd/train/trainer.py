@@ -60,6 +60,8 @@ class TrainConfig:
     max_seconds: float = 0.0  # stop (checkpointed, resumable) after this wall time; 0 = none
     progress: bool = True
     device: str = "cpu"  # torch device of the PDM (cuda for the GPU recipe)
+    amp: str = "bfloat16"  # autocast dtype of the forward (bfloat16: AMX on this CPU, tensor cores on GPUs) | float32
+
     notes: dict = field(default_factory=dict)
 
 
@@ -152,10 +154,16 @@ def evaluate(pdm: PDM, seqs: list[dict], split: PipelineSplit, s0: int, t2d: tor
             "tokens": total, "fill": a}
 
 
-def _resolve_cache(model_dir: Path, name: str) -> TeacherCache:
+def _resolve_cache(model_dir: Path, name: str, device: str = "cpu"):
+    """A teacher cache directory, or a selfgen id directory (part_*.npz) read with online features."""
     from spd.train.teacher import teacher_dir
 
     path = Path(name) if "/" in name else teacher_dir(model_dir, name)
+    if any(path.glob("part_*.npz")):
+        from spd.models.loading import load_tokenizer
+        from spd.train.online import OnlineCache
+
+        return OnlineCache(path, model_dir, load_tokenizer(model_dir), device=device)
     return TeacherCache(path)
 
 
@@ -215,8 +223,10 @@ def train(cfg: TrainConfig) -> PDM:
     config = load_config(model_dir)
     split = uniform_split(config.num_hidden_layers, cfg.n)
     s0 = {"pre": 0, "post": 1}[cfg.schedule]
-    cache = _resolve_cache(model_dir, cfg.data)
-    held = _resolve_cache(model_dir, cfg.heldout) if cfg.heldout else None
+    cache = _resolve_cache(model_dir, cfg.data, cfg.device)
+    held = _resolve_cache(model_dir, cfg.heldout, cfg.device) if cfg.heldout else None
+    if held is not None and hasattr(cache, "teacher") and hasattr(held, "teacher"):
+        held._teacher = cache.teacher  # one target in memory
     ckpt_path = out / "ckpt.pt"
     state = None
     if cfg.resume and ckpt_path.exists():
@@ -248,7 +258,7 @@ def train(cfg: TrainConfig) -> PDM:
     held_seqs = []
     if held is not None:
         for sh in held.shards():
-            held_seqs.extend(TeacherCache.sequences(sh))
+            held_seqs.extend(held.sequences(sh))
             if len(held_seqs) >= cfg.eval_seqs:
                 break
         held_seqs = held_seqs[:cfg.eval_seqs]
@@ -284,6 +294,7 @@ def train(cfg: TrainConfig) -> PDM:
     acc_rows, acc_loss, acc_hits = 0, 0.0, 0
     opt.zero_grad(set_to_none=True)
     pdm.train()
+    autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.amp), enabled=cfg.amp != "float32")
     done = False
     while not done:
         shards = cache.shards()
@@ -295,14 +306,15 @@ def train(cfg: TrainConfig) -> PDM:
                 time.sleep(30)
                 continue
             break
-        seqs = TeacherCache.sequences(shards[shard_i])
+        seqs = cache.sequences(shards[shard_i])
         order = list(range(len(seqs)))
         random.Random(cfg.seed * 1000003 + shard_i + 7919 * epoch).shuffle(order)
         while seq_i < len(order):
             seq = seqs[order[seq_i]]
             seq_i += 1
             a = sample_fill(cfg.n, rng, cfg.p_full, cfg.fill)
-            kl, rows, hits = sequence_loss(pdm, seq, split, a, s0, t2d, cols)
+            with autocast:
+                kl, rows, hits = sequence_loss(pdm, seq, split, a, s0, t2d, cols)
             if kl is None:
                 continue
             (kl / cfg.batch_tokens).backward()

@@ -17,8 +17,13 @@ def cache_counts(cache: TeacherCache, vocab_size: int, max_shards: int | None = 
 
     For self-generated data the teacher's argmax is the generated token (greedy)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
+    if hasattr(cache, "id_sequences"):  # self-generated ids: the generated tokens (greedy: the teacher's argmax)
+        for shard in cache.shards()[:max_shards]:
+            for tokens, start in cache.id_sequences(shard):
+                counts += torch.bincount(torch.tensor(tokens[start + 1:], dtype=torch.long), minlength=vocab_size)
+        return counts
     for shard in cache.shards()[:max_shards]:
-        for s in TeacherCache.sequences(shard):
+        for s in cache.sequences(shard):
             m = s["loss"].bool()
             counts += torch.bincount(s["top_ids"][m, 0].long(), minlength=vocab_size)
     return counts

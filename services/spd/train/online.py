@@ -1,0 +1,113 @@
+"""Teacher features computed online from self-generated token ids (no multi-GB anchor cache on disk).
+
+A directory of `spd.train.selfgen` parts (prompts are rebuilt from the deterministic job list, the
+responses are stored) reads like a `TeacherCache`: `shards()` are the parts, and `sequences(part)`
+runs the frozen target over the part's sequences in batched bf16 prefills and returns the same
+per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p). One target pass
+(~3k tok/s with AMX here, far more on a GPU) replaces ~6 KB a token of disk.
+
+Sequence = prompt + response[:-1]; position P-1+s predicts response[s] (loss 1 there), exactly the
+layout `generate_teacher` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spd.train.selfgen import IdStore, Job, fingerprint, selfgen_jobs
+from spd.train.teacher import TOP_K, cache_layers
+
+log = logging.getLogger(__name__)
+
+
+class OnlineTeacher:
+    """The target in bf16 with hooks on the anchor layers; `features(batch)` -> cache-style dicts."""
+
+    def __init__(self, model_dir: Path, layers: list[int], dtype=torch.bfloat16, device: str = "cpu",
+                 batch_tokens: int = 8192):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        self.layers, self.device, self.batch_tokens = layers, device, batch_tokens
+
+    @torch.inference_mode()
+    def _forward(self, seqs: list[tuple[list[int], int]]) -> list[dict]:
+        """seqs: (tokens, first loss position) right-padded into one batch."""
+        T = max(len(t) for t, _ in seqs)
+        ids = torch.tensor([t + [0] * (T - len(t)) for t, _ in seqs], device=self.device)  # [B, T]
+        mask = (torch.arange(T, device=self.device)[None] < torch.tensor([len(t) for t, _ in seqs], device=self.device)[:, None]).long()
+        out = self.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        states = torch.stack([out.hidden_states[b] for b in self.layers], dim=2)  # [B, T, m, d]; b < L: raw residual
+        rows = []
+        for i, (tok, start) in enumerate(seqs):
+            n = len(tok)
+            loss = torch.zeros(n, dtype=torch.uint8)
+            loss[start:] = 1
+            probs = torch.softmax(self.model.lm_head(out.last_hidden_state[i, start:n]).float(), -1)  # [n - start, V]
+            p, ix = probs.topk(TOP_K, -1)
+            top_ids = torch.zeros(n, TOP_K, dtype=torch.int32)
+            top_p = torch.zeros(n, TOP_K, dtype=torch.float16)
+            top_ids[start:], top_p[start:] = ix.int().cpu(), p.half().cpu()
+            rows.append({"tokens": torch.tensor(tok, dtype=torch.int32), "loss": loss,
+                         "anchors": states[i, :n].to("cpu", torch.float16), "top_ids": top_ids, "top_p": top_p})
+        return rows
+
+    def features(self, seqs: list[tuple[list[int], int]]) -> list[dict]:
+        """Batches of about batch_tokens padded tokens, similar lengths together; input order kept."""
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+        out: list[dict | None] = [None] * len(seqs)
+        i = 0
+        while i < len(order):
+            j = i + 1
+            while j < len(order) and (j + 1 - i) * len(seqs[order[j]][0]) <= self.batch_tokens:
+                j += 1
+            for k, row in zip(order[i:j], self._forward([seqs[k] for k in order[i:j]])):
+                out[k] = row
+            i = j
+        return out  # type: ignore[return-value]
+
+
+class OnlineCache:
+    """A selfgen id directory read as a TeacherCache (see the module docstring)."""
+
+    def __init__(self, root: Path, model_dir: Path, tokenizer, ns=(3, 4, 5, 6), device: str = "cpu"):
+        from spd.models.loading import load_config
+
+        self.root = Path(root)
+        self.meta = json.loads((self.root / "meta.json").read_text())
+        self.layers = cache_layers(load_config(model_dir).num_hidden_layers, ns)
+        self.meta = {**self.meta, "source": "self-generated ids, features online", "layers": self.layers}
+        self.jobs: list[Job] = selfgen_jobs(tokenizer, self.meta["split"], self.meta["max_prompt"], seed=self.meta["seed"])
+        if fingerprint(self.jobs) != self.meta["fingerprint"]:
+            raise ValueError(f"{self.root}: the job list rebuilt here differs from the one it was generated from")
+        self.model_dir, self.device = model_dir, device
+        self._teacher: OnlineTeacher | None = None
+
+    @property
+    def teacher(self) -> OnlineTeacher:
+        if self._teacher is None:
+            self._teacher = OnlineTeacher(self.model_dir, self.layers, device=self.device)
+        return self._teacher
+
+    def shards(self) -> list[Path]:
+        return sorted(self.root.glob("part_*.npz"))
+
+    def progress(self) -> dict:
+        tokens = sum(int(np.load(p)["offsets"][-1]) for p in self.shards())
+        return {"loss_tokens": tokens, "shards": len(self.shards())}
+
+    def id_sequences(self, part: Path) -> list[tuple[list[int], int]]:
+        """(prompt + response[:-1], first loss position) for every response of `part`."""
+        out = []
+        for job, resp in IdStore.read(part):
+            prompt = list(self.jobs[job].prompt)
+            out.append((prompt + resp[:-1].tolist(), len(prompt) - 1))
+        return out
+
+    def sequences(self, part: Path) -> list[dict]:
+        return self.teacher.features(self.id_sequences(part))
