@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from spd.runtime.health import LIVENESS
+
 # Ports: every pipeline pod has its own IP, so all of them use the same numbers.
 ZMQ_PORT = 5555  # each worker's and the orchestrator's ZeroMQ PULL inbox
 HEALTH_PORT = 8081  # grpc.health.v1 of a stage or the drafter
@@ -191,7 +193,8 @@ def _grpc_probes(port: int, startup_failures: int) -> dict:
         "startupProbe": {"grpc": {"port": port}, "periodSeconds": 10, "timeoutSeconds": 5,
                          "failureThreshold": startup_failures},
         "readinessProbe": {"grpc": {"port": port}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3},
-        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+        # a hung worker (SIGSTOP, wedged) is replaced within ~6 s, like `spd up` does
+        "livenessProbe": {"grpc": {"port": port}, "periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 3},
     }
 
 
@@ -325,14 +328,17 @@ def render(config: RenderConfig) -> list[dict]:
 
     # The orchestrator's health is SERVING only while every worker is registered: right for
     # readiness (clients reach it only when the pipeline is whole), wrong for liveness (a dead stage
-    # would get the orchestrator killed too), so startup and liveness only check that it listens.
+    # would get the orchestrator killed too), so startup only checks that it listens and liveness
+    # asks the "liveness" health service, SERVING while the process answers at all (a SIGSTOPped
+    # orchestrator still accepts TCP connections, so a socket probe would never catch it).
     orch_args = ["orchestrator", "--model", "$(SPD_MODEL_DIR)", "--port", str(GRPC_PORT), "--host", "0.0.0.0",
                  "--metrics-port", str(METRICS_PORT), "--schedule", "$(SPD_SCHEDULE)", "--queue-size", "$(SPD_QUEUE_SIZE)",
                  "--worker-wait", "$(SPD_WORKER_WAIT)"]
     orch_probes = {
         "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 60},
         "readinessProbe": {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
-        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+        "livenessProbe": {"grpc": {"port": GRPC_PORT, "service": LIVENESS}, "periodSeconds": 2, "timeoutSeconds": 1,
+                          "failureThreshold": 3},
     }
     orch = _container(c, "orchestrator", orch_args, [("grpc", GRPC_PORT), ("metrics", METRICS_PORT), ("zmq", ZMQ_PORT)],
                       orch_probes, c.orchestrator_resources)
