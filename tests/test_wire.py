@@ -253,3 +253,10 @@ def test_send_gives_up_after_its_timeout_when_no_peer_is_connected():
     finally:
         push.close()
         ctx.term()
+
+
+def test_epochs_only_grow_follow_the_clock_and_far_future_ones_are_implausible():
+    now = wire.next_epoch(0)
+    assert wire.next_epoch(now) > now and wire.next_epoch(now + 10**9) == now + 10**9 + 1  # never back
+    assert wire.plausible_epoch(now) and wire.plausible_epoch(wire.next_epoch(now))
+    assert not wire.plausible_epoch(2 ** 53)  # the forged CANCEL that used to wedge a stage
