@@ -48,7 +48,7 @@ def teacher_new(model_dir, prompts, max_new, eos, layers) -> tuple[dict, list[di
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
     got: dict[int, list[int]] = {}
     t0 = time.perf_counter()
-    BatchDecoder(model, 128, max_new, max(len(p) for p in prompts), eos).run(
+    BatchDecoder(model, 128, max_new, eos).run(
         [(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)))
     t_gen = time.perf_counter() - t0
     teacher = OnlineTeacher(model_dir, layers)

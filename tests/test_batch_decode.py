@@ -21,7 +21,7 @@ def test_batched_greedy_equals_ar_for_every_row(tiny_dir, arch):
     eos = model.config.eos_token_id
     prompts = [[rng.randrange(1, eos) for _ in range(rng.randrange(1, 40))] for _ in range(11)]
     got: dict[int, list[int]] = {}
-    dec = BatchDecoder(model, batch=4, max_new=24, max_prompt=40, eos_id=eos, slack=5)
+    dec = BatchDecoder(model, batch=4, max_new=24, eos_id=eos, slack=5)
     dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), chunk=3)
     assert sorted(got) == list(range(len(prompts)))
     for i, p in enumerate(prompts):

@@ -53,9 +53,9 @@ class _Row:
 class BatchDecoder:
     """Greedy / sampled decoding, rows joining and leaving (see the module docstring)."""
 
-    def __init__(self, model, batch: int, max_new: int, max_prompt: int, eos_id: int, seed: int = 0,
+    def __init__(self, model, batch: int, max_new: int, eos_id: int, seed: int = 0,
                  slack: int = 32):
-        self.model, self.B, self.max_new, self.max_prompt, self.eos = model, batch, max_new, max_prompt, eos_id
+        self.model, self.B, self.max_new, self.eos = model, batch, max_new, eos_id
         self.inner = model.model
         cfg = model.config
         self.slack = slack
@@ -65,10 +65,10 @@ class BatchDecoder:
         self.C, self.c = 0, 0  # buffer width; next column every row writes
         self.bufs = self._alloc(0)
         self.cache = _BufferCache(self.bufs, list(range(cfg.num_hidden_layers)))
-        self.start = torch.zeros(batch, dtype=torch.long)  # [B] first real column per slot (c when free)
+        self.start = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] first real column per slot (c when free)
         self.rows: list[_Row | None] = [None] * batch
-        self.next = torch.zeros(batch, dtype=torch.long)  # [B] token each slot feeds next
-        self.gen = torch.Generator().manual_seed(seed)
+        self.next = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] token each slot feeds next
+        self.gen = torch.Generator(self.device).manual_seed(seed)
 
     # -- buffer layout -----------------------------------------------------------------------------
     def _alloc(self, width: int) -> list[list[torch.Tensor]]:
@@ -89,7 +89,7 @@ class BatchDecoder:
         self.bufs = self.cache.bufs = new
         self.start += off - lo
         self.c, self.C = off + self.c - lo, width
-        free = torch.tensor([r is None for r in self.rows])
+        free = torch.tensor([r is None for r in self.rows], device=self.device)
         self.start[free] = self.c
 
     # -- model calls -------------------------------------------------------------------------------
@@ -137,17 +137,18 @@ class BatchDecoder:
         P = max(len(p) for p in prompts)
         if self.c < P:
             self._relayout(before=P)
-        lens = torch.tensor([len(p) for p in prompts])
-        ids = torch.tensor([[self.eos] * (P - len(p)) + list(p) for p in prompts])  # [b, P]
-        real = torch.arange(P)[None, :] >= (P - lens)[:, None]  # [b, P]
+        dev = self.device
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
+        ids = torch.tensor([[self.eos] * (P - len(p)) + list(p) for p in prompts], device=dev)  # [b, P]
+        real = torch.arange(P, device=dev)[None, :] >= (P - lens)[:, None]  # [b, P]
         pos = (real.long().cumsum(-1) - 1).clamp_min(0)  # [b, P]
-        causal = torch.ones(P, P, dtype=torch.bool).tril()
-        mask = (causal[None] & real[:, None, :]) | torch.eye(P, dtype=torch.bool)[None]  # pads see themselves
-        idx = torch.tensor(slots)
+        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        mask = (causal[None] & real[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)[None]  # pads see themselves
+        idx = torch.tensor(slots, device=dev)
         self.cache.rows, self.cache.cols, self.cache.window = idx, slice(self.c - P, self.c), slice(self.c - P, self.c)
         logits = self._layers(self.inner.embed_tokens(ids), pos, mask[:, None])
         self.start[idx] = self.c - lens
-        self.next[idx] = self._choose(logits, torch.tensor(temps))
+        self.next[idx] = self._choose(logits, torch.tensor(temps, device=dev))
         for s, t in zip(slots, temps):
             self.rows[s] = _Row(job=-1, temp=t)
 
@@ -155,9 +156,9 @@ class BatchDecoder:
         """One decode step for every slot: column c, window [min start, c]."""
         if self.c >= self.C:
             self._relayout()
-        cols = torch.arange(self.C)
+        cols = torch.arange(self.C, device=self.device)
         mask = (cols[None, :] >= self.start[:, None]) & (cols[None, :] <= self.c)  # [B, C]
-        bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))[:, None, None]
+        bias = torch.zeros(mask.shape, device=self.device).masked_fill_(~mask, float("-inf"))[:, None, None]
         pos = (self.c - self.start)[:, None]  # [B, 1]
         h = self.inner.embed_tokens(self.next[:, None])  # [B, 1, d]
         cos, sin = self.inner.rotary_emb(h, pos)
@@ -165,7 +166,7 @@ class BatchDecoder:
             h = self._layer_step(layer, h, cos, sin, kb, vb, bias)
         logits = self.model.lm_head(self.inner.norm(h[:, -1]))
         self.c += 1
-        temps = torch.tensor([r.temp if r else 0.0 for r in self.rows])
+        temps = torch.tensor([r.temp if r else 0.0 for r in self.rows], device=self.device)
         self.next = self._choose(logits, temps)
 
     # -- driver ------------------------------------------------------------------------------------
@@ -185,10 +186,11 @@ class BatchDecoder:
                     self._prefill(slots, [list(p) for _, p, _ in batch], [t for _, _, t in batch])
                     for s, (jid, _, _) in zip(slots, batch):
                         self.rows[s].job = jid
+            nxt = self.next.tolist()  # one device sync per step
             for s, row in enumerate(self.rows):  # the token each slot is about to feed is its output
                 if row is None:
                     continue
-                tok = int(self.next[s])
+                tok = nxt[s]
                 row.out.append(tok)
                 if tok == self.eos or len(row.out) >= self.max_new:
                     on_done(row.job, row.out)

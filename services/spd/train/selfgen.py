@@ -195,7 +195,7 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
         if limit_tokens and state["tokens"] >= limit_tokens:
             raise Enough
 
-    decoder = BatchDecoder(model, batch, max_new, max_prompt, tok.eos_token_id, seed=seed + len(done))
+    decoder = BatchDecoder(model, batch, max_new, tok.eos_token_id, seed=seed + len(done))
     try:
         decoder.run([(i, j.prompt, j.temperature) for i, j in todo], on_done)
     except Enough:
