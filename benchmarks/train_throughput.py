@@ -6,7 +6,8 @@ Teacher = self-generated training data, "tokens generated and recorded per secon
   new  continuous-batching generation of token ids, bf16, batch 128 (`spd.train.batch_decode`), then
        the features by one batched bf16 prefill (`spd.train.online`); timed together
 Trainer = PDM positions per second (aligned forward + KL + backward + AdamW), same sequences:
-  old  fp32;  new  bf16 autocast (fp32 master weights and optimizer state)
+  old  fp32, attention through the dense [C*T, C*T] staircase mask
+  new  bf16 autocast (fp32 master weights and optimizer state), staircase attention written out
 
 Both sides run in this one process, on the same prompts, at the same thread count.
 
@@ -61,7 +62,7 @@ def teacher_new(model_dir, prompts, max_new, eos, layers) -> tuple[dict, list[di
             "tokens_per_s": tokens / (t_gen + t_feat)}, feats
 
 
-def trainer(model_dir, config, seqs, layers, amp: str, n: int = 5, vocab: int = 16384, steps_rows: int = 1024) -> dict:
+def trainer(model_dir, config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int = 16384, steps_rows: int = 1024) -> dict:
     split = uniform_split(config.num_hidden_layers, n)
     anchors = default_anchors(split)
     counts = torch.zeros(config.vocab_size, dtype=torch.long)
@@ -76,7 +77,7 @@ def trainer(model_dir, config, seqs, layers, amp: str, n: int = 5, vocab: int = 
     rows_total, acc, t0 = 0, 0, time.perf_counter()
     for i, seq in enumerate(seqs):
         with autocast:
-            kl, rows, _ = sequence_loss(pdm, seq, split, 1 + i % n, 0, t2d, cols)
+            kl, rows, _ = sequence_loss(pdm, seq, split, 1 + i % n, 0, t2d, cols, dense=dense)
         if kl is None:
             continue
         (kl / steps_rows).backward()
@@ -86,7 +87,7 @@ def trainer(model_dir, config, seqs, layers, amp: str, n: int = 5, vocab: int = 
             opt.zero_grad(set_to_none=True)
             acc = 0
     dt = time.perf_counter() - t0
-    return {"amp": amp, "positions": rows_total, "seconds": dt, "positions_per_s": rows_total / dt}
+    return {"amp": amp, "dense_mask": dense, "positions": rows_total, "seconds": dt, "positions_per_s": rows_total / dt}
 
 
 def main(argv=None) -> int:
@@ -105,9 +106,9 @@ def main(argv=None) -> int:
     old = teacher_old(model_dir, prompts, args.max_new, tok.eos_token_id)
     new, feats = teacher_new(model_dir, prompts, args.max_new, tok.eos_token_id, layers)
     seqs = feats[: args.train_seqs]
-    trainer(model_dir, config, seqs[:4], layers, "float32")  # warm-up
-    t_old = trainer(model_dir, config, seqs, layers, "float32")
-    t_new = trainer(model_dir, config, seqs, layers, "bfloat16")
+    trainer(model_dir, config, seqs[:4], layers, "float32", True)  # warm-up
+    t_old = trainer(model_dir, config, seqs, layers, "float32", True)
+    t_new = trainer(model_dir, config, seqs, layers, "bfloat16", False)
     result = {"threads": args.threads, "prompts": len(prompts), "max_new": args.max_new,
               "teacher": {"old": old, "new": new, "speedup": new["tokens_per_s"] / old["tokens_per_s"]},
               "trainer": {"old": t_old, "new": t_new, "speedup": t_new["positions_per_s"] / t_old["positions_per_s"]}}

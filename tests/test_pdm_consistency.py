@@ -166,3 +166,17 @@ def test_layout_mask_small():
     # depth-n rows see depth-n rows only, causally
     keys = {(int(dep[k]), int(pos[k])) for k in mask[row[(3, 2)]].nonzero()[:, 0]}
     assert keys == {(3, 2), (3, 1), (3, 0)}
+
+
+@pytest.mark.parametrize("ls", [1, 2])
+def test_written_out_staircase_attention_equals_the_masked_forward(tiny_dir, ls):
+    """The training path (one [T, T] product per copy + band diagonals) == the dense [R, R] mask."""
+    config = load_config(tiny_dir("llama", num_layers=6))
+    for n, a, s0 in [(3, 3, 0), (3, 1, 0), (3, 2, 1), (1, 1, 0), (6, 4, 1), (6, 6, 0)]:
+        split = uniform_split(config.num_hidden_layers, n)
+        anchors = default_anchors(split)
+        pdm = random_pdm(config, anchors, ls, seed=n + a)
+        x = torch.randn(17, len(anchors), config.hidden_size, generator=torch.Generator().manual_seed(a))
+        dense = aligned_logits(pdm, x, split, a, s0, dense=True)
+        fast = aligned_logits(pdm, x, split, a, s0)
+        torch.testing.assert_close(fast, dense, atol=1e-5, rtol=1e-4)

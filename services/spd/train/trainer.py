@@ -101,7 +101,7 @@ def teacher_kl(logits: torch.Tensor, d: torch.Tensor, top_p: torch.Tensor) -> to
 
 
 def sequence_loss(pdm: PDM, seq: dict, split: PipelineSplit, a: int, s0: int, t2d: torch.Tensor,
-                  cols: list[int]):
+                  cols: list[int], dense: bool = False):
     """KL(teacher || PDM) summed over the loss rows of one sequence: newest staircase position (the
     depth-s0 copy), assistant tokens only, teacher argmax inside the draft vocabulary; the teacher's
     top-k restricted to the draft vocabulary and renormalised. Returns (kl_sum, rows, hits)."""
@@ -112,7 +112,7 @@ def sequence_loss(pdm: PDM, seq: dict, split: PipelineSplit, a: int, s0: int, t2
     rows = valid.nonzero()[:, 0]
     if len(rows) == 0:
         return None, 0, 0
-    logits = aligned_logits(pdm, anchors, split, a, s0, rows)
+    logits = aligned_logits(pdm, anchors, split, a, s0, rows, dense=dense)
     d = ids[rows]
     kl = teacher_kl(logits, d, seq["top_p"].to(dev)[rows])
     hits = int((logits.argmax(-1) == d[:, 0]).sum())
