@@ -30,7 +30,7 @@ from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.train.batch_decode import BatchDecoder
 from spd.train.online import OnlineTeacher
 from spd.train.selfgen import selfgen_jobs
-from spd.train.teacher import cache_layers, generate_teacher
+from spd.train.teacher import cache_layers, generate_teacher, load_hf
 from spd.train.trainer import sequence_loss, target_to_draft
 
 
@@ -44,9 +44,7 @@ def teacher_old(model_dir, prompts, max_new, eos) -> dict:
 
 
 def teacher_new(model_dir, prompts, max_new, eos, layers) -> tuple[dict, list[dict]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    model = load_hf(model_dir)
     got: dict[int, list[int]] = {}
     t0 = time.perf_counter()
     BatchDecoder(model, 128, max_new, eos).run(

@@ -130,11 +130,13 @@ class Cluster:
 
     def _spawn(self, p: Proc) -> None:
         argv = [sys.executable, "-m", "spd.cli", "--log-level", os.environ.get("SPD_LOG_LEVEL", "INFO"), *p.argv]
-        if self.cfg.log_dir:
-            with open(self.cfg.log_dir / f"{p.role}.log", "ab") as out:  # the child keeps its own copy
-                p.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
-        else:
-            p.popen = subprocess.Popen(argv, stdout=sys.stderr, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+        out = open(self.cfg.log_dir / f"{p.role}.log", "ab") if self.cfg.log_dir else None
+        try:
+            p.popen = subprocess.Popen(argv, stdout=out or sys.stderr, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env=self.env)
+        finally:
+            if out:
+                out.close()  # the child holds its own copy
         p.spawned_at = time.monotonic()
         p.healthy_at = None
         log.info("[spawn] %s pid %d", p.role, p.popen.pid)

@@ -13,26 +13,21 @@ layout `generate_teacher` writes.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from spd.train.selfgen import IdStore, Job, fingerprint, selfgen_jobs
-from spd.train.teacher import TOP_K, cache_layers
-
-log = logging.getLogger(__name__)
+from spd.train.teacher import TOP_K, cache_layers, load_hf
 
 
 class OnlineTeacher:
-    """The target in bf16 with hooks on the anchor layers; `features(batch)` -> cache-style dicts."""
+    """The target in bf16; `features(batch)` -> cache-style dicts (anchors from its hidden states)."""
 
     def __init__(self, model_dir: Path, layers: list[int], dtype=torch.bfloat16, device: str = "cpu",
                  batch_tokens: int = 8192):
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        self.model = load_hf(model_dir, dtype).to(device)
         self.layers, self.device, self.batch_tokens = layers, device, batch_tokens
 
     @torch.inference_mode()

@@ -161,14 +161,14 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
                  dtype=torch.bfloat16, device: str = "cpu", progress: bool = True) -> IdStore:
     """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens."""
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM
 
     from spd.models.loading import load_tokenizer
     from spd.train.batch_decode import BatchDecoder
+    from spd.train.teacher import load_hf
 
     tok = load_tokenizer(model_dir)
     jobs = selfgen_jobs(tok, split, max_prompt, seed=seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    model = load_hf(model_dir, dtype).to(device)
     meta = {"model": Path(model_dir).name, "split": split, "jobs": len(jobs), "fingerprint": fingerprint(jobs),
             "max_new": max_new, "max_prompt": max_prompt, "seed": seed, "dtype": str(dtype),
             "sample_frac": 0.25, "sample_temp": 0.7}

@@ -98,7 +98,7 @@ class ShardWriter:
         self._buf, self._buf_tokens = [], 0
 
 
-def _load_hf(model_dir: Path, dtype=torch.bfloat16):
+def load_hf(model_dir: Path, dtype=torch.bfloat16):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
@@ -149,7 +149,7 @@ def generate_teacher(model_dir: Path, prompts: list[list[int]], out: Path, batch
     teacher runs in bf16 by default: on an AVX512-BF16 CPU it is ~2x faster than fp32; its greedy
     text is still the target's own (rare near-tie flips aside).
     """
-    model = _load_hf(model_dir, dtype).to(device)
+    model = load_hf(model_dir, dtype).to(device)
     L = model.config.num_hidden_layers
     layers = cache_layers(L, ns)
     writer = ShardWriter(out, layers, {"source": "self-generated", "max_new": max_new, "temperature": temperature,
@@ -204,7 +204,7 @@ def forward_teacher(model_dir: Path, seqs: list[tuple[list[int], list[bool]]], o
                     limit_tokens: int | None = None, meta: dict | None = None, ns=(3, 4, 5, 6),
                     dtype=torch.bfloat16, device="cpu") -> Path:
     """Teacher forward over given sequences (ids, assistant mask), e.g. ShareGPT text."""
-    model = _load_hf(model_dir, dtype).to(device)
+    model = load_hf(model_dir, dtype).to(device)
     L = model.config.num_hidden_layers
     layers = cache_layers(L, ns)
     writer = ShardWriter(out, layers, {"source": "text", "dtype": str(dtype), **(meta or {})})
