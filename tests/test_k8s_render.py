@@ -102,7 +102,7 @@ def test_one_gpu_per_gpu_pod_and_none_elsewhere(variant):
         for c in containers:
             req, lim = c["resources"].get("requests", {}), c["resources"]["limits"]
             assert req.get(GPU) in (None, lim.get(GPU)), f"{workload}: GPU requests must equal limits"
-        wants_gpu = not cfg.cpu and workload in (cfg.stage, cfg.drafter)
+        wants_gpu = not cfg.cpu and workload in (cfg.stage, cfg.drafter, cfg.spare)
         assert sum(gpus) == (1 if wants_gpu else 0), f"{name}/{workload}: {gpus}"
         tolerations = template["spec"].get("tolerations", [])
         assert any(t["key"] == GPU for t in tolerations) == wants_gpu
@@ -178,7 +178,7 @@ def test_ports_are_consistent_between_containers_services_probes_and_args(varian
                     assert probe["tcpSocket"]["port"] in ports
             args = c["args"]
             flag = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
-            if c["name"] in ("stage", "drafter"):
+            if c["name"] in ("stage", "drafter", "spare"):
                 assert int(flag["--health-port"]) == ports["health"] and flag["--health-host"] == "0.0.0.0"
                 assert all(c[k]["grpc"]["port"] == ports["health"] for k in ("startupProbe", "readinessProbe", "livenessProbe"))
             else:
@@ -186,8 +186,10 @@ def test_ports_are_consistent_between_containers_services_probes_and_args(varian
                 assert c["readinessProbe"]["grpc"]["port"] == ports["grpc"]  # SERVING = every worker registered
                 ann = t["metadata"]["annotations"]
                 assert ann["prometheus.io/scrape"] == "true" and int(ann["prometheus.io/port"]) == ports["metrics"]
-            # every worker's own inbox port is its topology port
+            # every worker's own inbox port is its topology port (a spare's is the one it advertises)
             assert ports["zmq"] == r.ZMQ_PORT
+            if c["name"] == "spare":
+                assert flag["--endpoint"] == f"tcp://$(POD_IP):{ports['zmq']}"
 
 
 def test_network_policy_keeps_zmq_among_pipeline_pods_and_opens_the_api(variant):
@@ -279,14 +281,17 @@ def test_container_args_parse_with_the_real_cli_after_env_expansion(variant):
             assert c["envFrom"][0] == {"configMapRef": {"name": cfg.config_map}}
             assert c["envFrom"][1:] == ([{"secretRef": {"name": cfg.auth_secret, "optional": True}}]
                                         if c["name"] == "orchestrator" else [])
+            env = {**data, **{e["name"]: "10.0.0.7" for e in c.get("env", [])}}  # fieldRef values (POD_IP)
             refs = {m for a in c["args"] for m in re.findall(r"\$\(([A-Z_]+)\)", a)}
-            assert refs <= set(data), f"{c['name']}: undefined {refs - set(data)}"
-            args = [re.sub(r"\$\(([A-Z_]+)\)", lambda m: data[m.group(1)], a) for a in c["args"]]
+            assert refs <= set(env), f"{c['name']}: undefined {refs - set(env)}"
+            args = [re.sub(r"\$\(([A-Z_]+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
             ns = _parser().parse_args(args)
             assert ns.command == c["name"]
             if c["name"] == "stage":
                 assert ns.index is None and ns.of == cfg.n  # the index comes from the pod's hostname
-            if c["name"] in ("stage", "drafter"):
+            if c["name"] == "spare":
+                assert ns.endpoint == f"tcp://10.0.0.7:{r.ZMQ_PORT}" and ns.topology is None
+            if c["name"] in ("stage", "drafter", "spare"):
                 assert ns.device == ("cpu" if cfg.cpu else "cuda:0") and ns.dtype == cfg.dtype
                 assert ns.model == cfg.model_dir and ns.draft == cfg.draft_dir
             else:
@@ -327,7 +332,8 @@ def test_render_is_deterministic():
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_spd_k8s_render_prints_exactly_the_committed_overlay(name):
-    argv = ["k8s", "render", "--n", str(VARIANTS[name].n)] + (["--cpu"] if VARIANTS[name].cpu else [])
+    v = VARIANTS[name]
+    argv = ["k8s", "render", "--n", str(v.n), "--spares", str(v.spares)] + (["--cpu"] if v.cpu else [])
     text = _stdout(argv)
     docs = [d for d in yaml.safe_load_all(text) if d]
     assert docs == r.load_kustomize_dir(K8S / "overlays" / name)

@@ -14,33 +14,16 @@ import signal
 import time
 
 import pytest
-
 from cluster_util import address, pid_of, running_cluster, supervised, wait_for
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.target import ar_generate
 from spd.local import PipelineConfig, build_local
-from spd.models.loading import resolve_model
-from spd.models.tiny import make_tiny_model
 from spd.runtime.health import check
 from spd.text import encode_prompt
 from spd_client import SPDClient
 
-PROMPT = "tell me a long story about a lighthouse"
-N, MAX_TOKENS = 3, 160
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("chaos") / "tiny", "llama", vocab_size=49152, num_layers=6,
-                           hidden_size=64, tokenizer_from=resolve_model(None), init_std=0.5)
-
-
-@pytest.fixture(scope="module")
-def expected(model_dir):
-    local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
-    rule = StopRule(MAX_TOKENS, eos_ids_of(local.tokenizer, local.config))
-    return ar_generate(local.stages, encode_prompt(local.tokenizer, PROMPT), SamplingParams(), rule).token_ids
+from .conftest import MAX_TOKENS, PROMPT, N
 
 
 @pytest.fixture(scope="module")

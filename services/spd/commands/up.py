@@ -14,11 +14,14 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft", help="PDM directory ('random' for an untrained one)")
     p.add_argument("--split", default="uniform")
-    p.add_argument("--devices", default="", help="comma-separated: one per stage, then the drafter (default cpu)")
+    p.add_argument("--devices", default="", help="comma-separated: one per stage, then the drafter, then "
+                   "optionally one per spare (default: cpu; spares: the drafter's)")
     p.add_argument("--schedule", choices=["pre", "post"], default="pre")
     p.add_argument("--state-file", type=Path, help="write role -> pid/address JSON here")
     p.add_argument("--metrics-port", type=int, default=0)
     p.add_argument("--log-dir", type=Path, help="one log file per process (default: this terminal)")
+    p.add_argument("--spares", type=int, default=0, help="warm spare workers that take over a dead stage or drafter "
+                   "in about a second (default 0: a dead worker is restarted, which takes several seconds)")
     p.set_defaults(run=run)
 
 
@@ -28,8 +31,10 @@ def run(args) -> int:
     from spd.models.loading import load_config, resolve_model
 
     devices = [d for d in args.devices.split(",") if d]
-    if devices and len(devices) not in (args.n, args.n + 1):
-        raise UsageError(f"--devices needs {args.n} or {args.n + 1} entries, got {len(devices)}")
+    if devices and not args.n <= len(devices) <= args.n + 1 + args.spares:
+        raise UsageError(f"--devices needs {args.n} to {args.n + 1 + args.spares} entries, got {len(devices)}")
+    if not 0 <= args.spares <= 16:
+        raise UsageError(f"--spares must be in 0..16, got {args.spares}")
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     try:  # before any process starts: a bad width would otherwise crash-loop every stage
@@ -37,5 +42,5 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(f"--n/--model: {e}") from None
     cfg = ClusterConfig(args.n, args.port, args.model, args.draft, args.split, devices, args.schedule,
-                        args.state_file, args.metrics_port, args.log_dir)
+                        args.state_file, args.metrics_port, args.log_dir, spares=args.spares)
     return Cluster(cfg).run()

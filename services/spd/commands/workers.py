@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import socket
+from pathlib import Path
 
 import torch
 
@@ -43,6 +44,16 @@ def add_parser(sub) -> None:
     dr.add_argument("--script-wrong-every", type=int, default=0, help="TEST ONLY: with --script, every k-th draft wrong")
     _common(dr)
     dr.set_defaults(run=run_drafter)
+    sp = sub.add_parser("spare", help="run a warm spare worker: takes a stage's or the drafter's role when assigned")
+    sp.add_argument("--endpoint", required=True, help="this process's own ZMQ inbox, e.g. tcp://10.0.0.7:5600")
+    sp.add_argument("--spare-id", type=int, default=0, help="a number naming this spare in logs and heartbeats")
+    sp.add_argument("--role-file", type=Path, help="write the assigned role here (used by `spd up`)")
+    sp.add_argument("--zero-compute", action="store_true", help="BENCHMARK ONLY: as a stage, compute nothing")
+    sp.add_argument("--ls", type=int, default=1, help="layers of a random PDM")
+    sp.add_argument("--script", help="TEST ONLY: as the drafter, propose this comma-separated continuation")
+    sp.add_argument("--script-wrong-every", type=int, default=0, help="TEST ONLY: with --script, every k-th draft wrong")
+    _common(sp)
+    sp.set_defaults(run=run_spare)
     orch = sub.add_parser("orchestrator", help="run the gRPC orchestrator")
     orch.add_argument("--topology", help="JSON (or @file); default $SPD_TOPOLOGY")
     orch.add_argument("--model")
@@ -108,42 +119,85 @@ def _serve_worker(worker, server, health) -> int:
     return 0
 
 
-def run_stage(args) -> int:
-    from spd.core.stage import load_stage
-    from spd.runtime.stage_worker import StageWorker
-
-    args.index = stage_index(args.index)
-    topology, model_dir, config, split, dtype = _setup(args)
-    if args.of != topology.n or not 1 <= args.index <= topology.n:
-        raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {topology.n} stages")
-    server, health = _serve_health(args)
+def _stage(args, topology, model_dir, config, split, dtype, index: int):
+    """Stage `index`'s tensors (or a compute-free stand-in for benchmarks)."""
     if args.zero_compute:
         from spd.runtime.zero_stage import ZeroComputeStage
 
-        stage = ZeroComputeStage(args.index, topology.n, config.hidden_size, config.vocab_size)
-    else:
-        stage = load_stage(model_dir, config, split.layers_of(args.index), anchors_for(args.draft, model_dir, split),
-                           args.device, dtype)
-    return _serve_worker(StageWorker(topology, args.index, stage), server, health)
+        return ZeroComputeStage(index, topology.n, config.hidden_size, config.vocab_size)
+    from spd.core.stage import load_stage
+
+    return load_stage(model_dir, config, split.layers_of(index), anchors_for(args.draft, model_dir, split),
+                      args.device, dtype)
 
 
-def run_drafter(args) -> int:
-    from spd.core.drafter import DrafterState
-    from spd.core.stage import load_embedding
-    from spd.runtime.drafter_worker import DrafterWorker
-
-    topology, model_dir, config, split, dtype = _setup(args)
-    server, health = _serve_health(args)
+def _drafter_state(args, topology, model_dir, config, split, dtype):
+    """The PDM with the target's embedding (or, in tests, a scripted drafter)."""
     if args.script:
         from spd.core.scripted import ScriptedDrafter
 
         script = [int(t) for t in args.script.split(",")]
-        state = ScriptedDrafter([], config.vocab_size, wrong_every=args.script_wrong_every, continuation=script,
-                                n=topology.n)
-    else:
-        pdm = load_pdm(args.draft, model_dir, config, split, args.ls, args.device, dtype)
-        state = DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split)
-    return _serve_worker(DrafterWorker(topology, state), server, health)
+        return ScriptedDrafter([], config.vocab_size, wrong_every=args.script_wrong_every, continuation=script,
+                               n=topology.n)
+    from spd.core.drafter import DrafterState
+    from spd.core.stage import load_embedding
+
+    pdm = load_pdm(args.draft, model_dir, config, split, args.ls, args.device, dtype)
+    return DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split)
+
+
+def run_stage(args) -> int:
+    from spd.runtime.stage_worker import StageWorker
+
+    args.index = stage_index(args.index)
+    setup = _setup(args)
+    topology = setup[0]
+    if args.of != topology.n or not 1 <= args.index <= topology.n:
+        raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {topology.n} stages")
+    server, health = _serve_health(args)
+    return _serve_worker(StageWorker(topology, args.index, _stage(args, *setup, args.index)), server, health)
+
+
+def run_drafter(args) -> int:
+    from spd.runtime.drafter_worker import DrafterWorker
+
+    setup = _setup(args)
+    server, health = _serve_health(args)
+    return _serve_worker(DrafterWorker(setup[0], _drafter_state(args, *setup)), server, health)
+
+
+def run_spare(args) -> int:
+    """A warm spare: imports everything now, loads a role's tensors when the orchestrator assigns one."""
+    from spd.runtime.drafter_worker import DrafterWorker
+    from spd.runtime.spare import Spare
+    from spd.runtime.stage_worker import StageWorker
+    import spd.core.drafter  # noqa: F401  (imported ahead: takeover should cost only the tensor load)
+    import spd.core.stage  # noqa: F401
+
+    setup = _setup(args)
+    server, health = _serve_health(args)
+    if health:
+        from spd.runtime.health import SERVING
+
+        health.set("", SERVING)
+    spare = Spare(setup[0], args.endpoint, args.spare_id)
+    try:
+        a = spare.wait_for_role()
+        if a is None:
+            return 0
+        if args.role_file:  # tells `spd up` which role this process now has (its state file)
+            args.role_file.write_text(f"{a['role']}-{a['index']}" if a["role"] == "stage" else a["role"])
+        topology = Topology.from_dict(a["routes"])
+        setup = (topology, *setup[1:])
+        if a["role"] == "stage":
+            worker = StageWorker(topology, a["index"], _stage(args, *setup, a["index"]), args.endpoint, spare)
+        else:
+            worker = DrafterWorker(topology, _drafter_state(args, *setup), args.endpoint, spare)
+        worker.run()
+    finally:
+        if server:
+            server.stop(0)
+    return 0
 
 
 def run_orchestrator(args) -> int:

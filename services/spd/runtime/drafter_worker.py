@@ -29,13 +29,16 @@ log = logging.getLogger(__name__)
 class DrafterWorker(Worker):
     role = "drafter"
 
-    def __init__(self, topology: Topology, state: DrafterState):
-        super().__init__(topology, topology.drafter, 0)
+    def __init__(self, topology: Topology, state: DrafterState, endpoint: str | None = None,
+                 handover: Worker | None = None):
+        super().__init__(topology, endpoint or topology.drafter, 0, handover)
         self.state = state  # a DrafterState (PDM), or a ScriptedDrafter in tests
-        self.to_stage1 = self._push(topology.stages[0])
         self.params, self.s0, self.limit, self.base = SamplingParams(), 0, 0, 0
         self.bases: dict[int, int] = {}  # epoch -> base, to judge older anchor messages
         self.future: list[wire.Message] = []
+
+    def _routes(self) -> dict[str, str]:
+        return {**super()._routes(), "to_stage1": self.topology.stages[0]}
 
     def handle(self, msg: wire.Message) -> None:
         if msg.kind in ("PREFILL", "RESEED", "CANCEL"):

@@ -4,8 +4,9 @@ It owns every ZeroMQ socket of the orchestrator (one thread, no locks): PREFILL 
 then it only listens. Drafts flow drafter -> stage 1 directly; the driver hears of them to judge
 later, and judges each token leaving stage n with the shared `Verifier`. Accepts need no message
 at all; anything else (reject, no draft) bumps the epoch and broadcasts RESEED. A watchdog and the
-heartbeat registry turn a dead or restarted worker into a recovery: re-prefill the committed
-prefix under a new epoch and continue.
+heartbeat registry (and the drop of a worker's connection) turn a dead or restarted worker into a
+recovery: hand its role to a warm spare if there is one, re-prefill the committed prefix under a
+new epoch (with the routes, so every worker sends to the replacement) and continue.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from spd import wire
 from spd.core.verifier import Verdict, Verifier
@@ -62,18 +64,82 @@ class Driver:
         self.inbox.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
         secure(self.inbox, server=True)
         self.inbox.bind(bind_endpoint(topology.orchestrator))
-        self.peers = [self._push(e) for e in (*topology.stages, topology.drafter)]
+        self.sockets: dict[str, zmq.Socket] = {}  # endpoint -> PUSH socket to a worker or a spare
+        self.monitors: dict[str, zmq.Socket] = {}  # endpoint -> its socket's disconnect events
+        self.routes = topology  # where each role listens now (a spare's endpoint once it took over)
+        self._set_routes(topology)
         self._restarted = False
 
-    def _push(self, endpoint: str) -> zmq.Socket:
-        s = self.ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 1000)
-        s.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # drop connections to vanished peers (see worker.py)
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
-        secure(s, server=False)
-        s.connect(endpoint)
-        return s
+    # -- sockets and routes ---------------------------------------------------------------------
+
+    def _socket(self, endpoint: str) -> zmq.Socket:
+        """The PUSH socket to `endpoint`, made on first use, with a monitor that reports its
+        disconnects: a killed worker is noticed when its connection drops, not heartbeats later."""
+        if endpoint not in self.sockets:
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 1000)
+            s.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # drop connections to vanished peers (see worker.py)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+            secure(s, server=False)
+            self.monitors[endpoint] = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            s.connect(endpoint)
+            self.sockets[endpoint] = s
+        return self.sockets[endpoint]
+
+    def _close(self, endpoint: str) -> None:
+        sock = self.sockets.pop(endpoint)
+        sock.disable_monitor()
+        self.monitors.pop(endpoint).close(linger=0)
+        sock.close(linger=0)
+
+    def _set_routes(self, routes: Topology) -> None:
+        """Send to the workers at `routes` from now on; close sockets nobody listens on any more."""
+        if routes != self.routes:
+            log.info("[route] %s", routes.to_json())
+        self.routes = routes
+        roles = (*routes.stages, routes.drafter)
+        self.peers = [self._socket(e) for e in roles]
+        spares = {w.endpoint for k, w in self.registry.workers.items() if k[0] == "spare"}
+        for endpoint in [e for e in self.sockets if e not in roles and e not in spares]:
+            self._close(endpoint)
+
+    def _check_connections(self) -> None:
+        for endpoint, monitor in list(self.monitors.items()):
+            while monitor.poll(0):
+                if recv_monitor_message(monitor)["event"] != zmq.EVENT_DISCONNECTED:
+                    continue
+                for role, index in self.registry.endpoint_down(endpoint):
+                    log.warning("[recover] %s %d at %s: connection lost", role, index, endpoint)
+                if endpoint not in (*self.routes.stages, self.routes.drafter):
+                    self._close(endpoint)  # a dead spare: it will not come back at that endpoint
+                    break
+
+    def _fill_vacancies(self) -> None:
+        """Give each role that lost its worker to an idle warm spare (stages first)."""
+        for role, index in self.registry.vacancies():
+            spare = self.registry.take_spare((role, index))
+            if spare is None:
+                return
+            routes = self.routes.moved(role, index, spare.endpoint)
+            wire.send(self._socket(spare.endpoint), "ASSIGN", {"rid": "", "epoch": self.epoch, "pos": 0, "role": role,
+                                                                "index": index, "routes": routes.to_dict()}, timeout_ms=100)
+            log.warning("[recover] %s %d: spare pid %d at %s takes over", role, index, spare.pid, spare.endpoint)
+            self._set_routes(routes)
+
+    def _register(self, h: dict) -> None:
+        """A HELLO / HEARTBEAT: liveness, restarts, spares, and where a (re)started worker listens."""
+        role, index, endpoint = h.get("role", "?"), int(h.get("index", 0)), str(h.get("endpoint", ""))
+        if role not in ("stage", "drafter", "spare") or (role == "stage" and not 1 <= index <= self.n):
+            return
+        status = self.registry.beat(role, index, str(h.get("incarnation")), int(h.get("pid", 0)), endpoint)
+        if status == "restart":
+            self._restarted = True
+        if status in ("new", "restart") and endpoint:
+            if role == "spare":
+                self._socket(endpoint)  # connected ahead: an ASSIGN goes out at once
+            elif endpoint != self.routes.endpoint(role, index):
+                self._set_routes(self.routes.moved(role, index, endpoint))
 
     # -- thread ---------------------------------------------------------------------------------
 
@@ -142,6 +208,8 @@ class Driver:
 
         Heartbeats are drained in a loop, not one per call: n + 1 workers beat every 0.5 s, and an
         idle driver that took one message per wake-up fell behind at n >= 9 (workers looked dead)."""
+        self._check_connections()
+        self._fill_vacancies()
         deadline = time.monotonic() + timeout_ms / 1e3
         while True:
             wait_ms = max(0, int((deadline - time.monotonic()) * 1e3))
@@ -153,9 +221,7 @@ class Driver:
                 continue
             if msg is None or msg.kind not in ("HELLO", "HEARTBEAT"):
                 return msg
-            h = msg.header
-            if self.registry.beat(h.get("role", "?"), int(h.get("index", 0)), str(h.get("incarnation")), int(h.get("pid", 0))):
-                self._restarted = True
+            self._register(msg.header)
 
     def take_restart(self) -> bool:
         restarted, self._restarted = self._restarted, False
@@ -202,7 +268,8 @@ class _Run:
         params = dataclasses.asdict(self.job.params)
         self.fill_start = len(ids)
         self.d.broadcast("PREFILL", {"rid": self.job.rid, "base": 0, "params": params, "prompt_len": prompt_len or len(ids),
-                                     "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit},
+                                     "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit,
+                                     "routes": self.d.routes.to_dict()},
                          {"ids": torch.tensor(ids, dtype=torch.int64)})
         self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
 

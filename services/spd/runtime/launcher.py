@@ -4,7 +4,9 @@ and a single `ready` line once every process is healthy.
 
 Supervision: a process that exits is restarted with backoff; one that stops answering its health
 check for `hung_after_s` (SIGSTOP, a wedged host thread) is killed and restarted the same way; one
-that keeps failing right at start ends the launcher (CrashLoop). Children exit by themselves when
+that keeps failing right at start ends the launcher (CrashLoop). With `spares` > 0 the launcher also
+keeps that many warm spare workers (`spd spare`): the orchestrator hands a dead worker's role to one
+of them at once, and the launcher starts a new spare in the dead one's place. Children exit by themselves when
 the launcher dies (`spd.runtime.lifeline`). The data plane is encrypted and authenticated with a
 CurveZMQ key made for this launch (or SPD_CURVE_SECRET), so nothing outside the cluster can inject
 frames.
@@ -12,13 +14,16 @@ frames.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,13 +60,16 @@ class ClusterConfig:
     max_start_failures: int = 5  # a worker failing at start this many times in a row stops the launcher
     hung_after_s: float = 4.0  # a process that was healthy and then fails health checks this long is killed
     curve: bool = True  # encrypt/authenticate ZeroMQ with a per-launch key (SPD_CURVE_SECRET if set)
+    spares: int = 0  # warm spare workers kept ready to take over a dead stage's or the drafter's role
 
 
 @dataclass
 class Proc:
-    role: str  # "stage-J", "drafter", "orchestrator"
+    role: str  # "stage-J", "drafter", "orchestrator", "spare-K" (until the orchestrator assigns it a role)
     argv: list[str]
     health: str  # host:port of its grpc health service
+    device: str = "cpu"  # the device it runs on (a spare replacing it gets the same one)
+    role_file: Path | None = None  # a spare writes its assigned role here
     live_service: str = ""  # health service name that says the process answers ("" = overall status)
     popen: subprocess.Popen | None = None
     restarts: int = 0
@@ -92,19 +100,21 @@ class Cluster:
     def __init__(self, cfg: ClusterConfig):
         self.cfg = cfg
         # Every port in one draw, so no two of them can collide; port 0 = pick the gRPC port too.
-        ports = free_ports(2 * cfg.n + 4)
+        ports = free_ports(2 * cfg.n + 4 + 2 * cfg.spares)
         if not cfg.port:
             cfg.port = ports.pop()
         self.topology = local_topology(cfg.n, ports=ports[: cfg.n + 2])
         self._health_ports = ports[cfg.n + 2: 2 * cfg.n + 3]
-        self.procs = self._plan()
+        self._roles_dir = Path(tempfile.mkdtemp(prefix="spd-roles-"))
+        self._spares_made = 0
+        self.procs = self._plan(ports[2 * cfg.n + 3:])
         self.stop = False
         self.env = dict(os.environ, **{lifeline.ENV: str(os.getpid())})
         if cfg.curve and not self.env.get(curve.ENV):
             self.env[curve.ENV] = zmq.curve_keypair()[1].decode()
         self.curve_secret = self.env.get(curve.ENV)  # for tools that must talk to the data plane (tests)
 
-    def _plan(self) -> list[Proc]:
+    def _plan(self, spare_ports: list[int]) -> list[Proc]:
         cfg, topo = self.cfg, self.topology
         ports = self._health_ports
         common = ["--topology", topo.to_json(), "--split", cfg.split]
@@ -112,19 +122,35 @@ class Cluster:
             common += ["--model", cfg.model]
         if cfg.draft:
             common += ["--draft", cfg.draft]
+        self._common = common
         devices = cfg.devices or ["cpu"] * (cfg.n + 1)
         procs = [Proc(f"stage-{j}", ["stage", "--index", str(j), "--of", str(cfg.n), "--device", devices[j - 1],
                                      "--health-port", str(ports[j - 1])] + common + cfg.extra_stage_args,
-                      f"127.0.0.1:{ports[j - 1]}")
+                      f"127.0.0.1:{ports[j - 1]}", devices[j - 1])
                  for j in range(1, cfg.n + 1)]
-        procs.append(Proc("drafter", ["drafter", "--device", devices[min(cfg.n, len(devices) - 1)],
+        drafter_device = devices[min(cfg.n, len(devices) - 1)]
+        procs.append(Proc("drafter", ["drafter", "--device", drafter_device,
                                       "--health-port", str(ports[cfg.n])] + common + cfg.extra_drafter_args,
-                          f"127.0.0.1:{ports[cfg.n]}"))
+                          f"127.0.0.1:{ports[cfg.n]}", drafter_device))
+        for k in range(cfg.spares):
+            device = devices[cfg.n + 1 + k] if len(devices) > cfg.n + 1 + k else drafter_device
+            procs.append(self._spare(device, spare_ports[2 * k: 2 * k + 2]))
         orch = ["orchestrator", "--topology", topo.to_json(), "--port", str(cfg.port), "--schedule", cfg.schedule,
                 "--metrics-port", str(cfg.metrics_port), "--queue-size", str(cfg.queue_size),
                 "--worker-wait", str(cfg.worker_wait_s)] + cfg.extra_orchestrator_args + (["--model", cfg.model] if cfg.model else [])
         procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}", live_service=LIVENESS))
         return procs
+
+    def _spare(self, device: str, ports: list[int] | None = None) -> Proc:
+        """A new warm spare (`spd spare`) on `device`, listening on fresh ports."""
+        self._spares_made += 1
+        k = self._spares_made
+        inbox, health = ports or free_ports(2)
+        role_file = self._roles_dir / f"spare-{k}"
+        argv = ["spare", "--endpoint", f"tcp://127.0.0.1:{inbox}", "--spare-id", str(k), "--role-file", str(role_file),
+                "--device", device, "--health-port", str(health)] + self._common + self.cfg.extra_stage_args + \
+            self.cfg.extra_drafter_args
+        return Proc(f"spare-{k}", argv, f"127.0.0.1:{health}", device, role_file=role_file)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -150,20 +176,38 @@ class Cluster:
         self.write_state()
 
     def supervise_once(self) -> None:
-        """Restart any dead process (exponential backoff, capped at 5 s); kill a hung one."""
+        """Restart any dead process (exponential backoff, capped at 5 s); kill a hung one. With
+        spares, a dead worker is replaced by a new spare instead: the orchestrator has already given
+        its role to a spare that was ready."""
         now = time.monotonic()
-        for p in self.procs:
+        for i, p in enumerate(self.procs):
             if p.popen is not None and p.popen.poll() is None:
+                self._adopt_role(p)
                 self._watch_health(p, now)
                 continue
             if p.popen is not None:
                 self._count_start_failure(p, now)
-                log.warning("[recover] %s exited with %s; restarting", p.role, p.popen.returncode)
+                replace = self.cfg.spares and p.role != "orchestrator"
+                log.warning("[recover] %s exited with %s; %s", p.role, p.popen.returncode,
+                            "starting a new spare" if replace else "restarting")
+                if replace:
+                    p = self.procs[i] = dataclasses.replace(self._spare(p.device), restarts=p.restarts,
+                                                            start_failures=p.start_failures)
                 p.restarts += 1
                 p.next_start = now + min(5.0, 0.2 * 2 ** min(p.restarts, 5))
                 p.popen = None
+                self.write_state()
             if now >= p.next_start:
                 self._spawn(p)
+                self.write_state()
+
+    def _adopt_role(self, p: Proc) -> None:
+        """A spare that took over a role is known by that role from now on (state file, tools)."""
+        if p.role_file is not None and p.role.startswith("spare") and p.role_file.exists():
+            role = p.role_file.read_text().strip()
+            if role:
+                log.info("[recover] %s (pid %d) is now %s", p.role, p.popen.pid, role)
+                p.role = role
                 self.write_state()
 
     def _watch_health(self, p: Proc, now: float) -> None:
@@ -199,9 +243,6 @@ class Cluster:
             return
         state = {p.role: {"pid": p.popen.pid if p.popen else None, "health": p.health, "restarts": p.restarts}
                  for p in self.procs}
-        for j, endpoint in enumerate(self.topology.stages, start=1):
-            state[f"stage-{j}"]["zmq"] = endpoint
-        state["drafter"]["zmq"] = self.topology.drafter
         state["orchestrator"].update(zmq=self.topology.orchestrator, grpc=f"127.0.0.1:{self.cfg.port}")
         state["launcher"] = {"pid": os.getpid()}
         tmp = Path(str(self.cfg.state_file) + ".tmp")
@@ -220,6 +261,7 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     p.popen.kill()
                     p.popen.wait(5)
+        shutil.rmtree(self._roles_dir, ignore_errors=True)
         log.info("[stop] cluster down")
 
     def run(self) -> int:

@@ -26,16 +26,20 @@ log = logging.getLogger(__name__)
 class StageWorker(Worker):
     role = "stage"
 
-    def __init__(self, topology: Topology, index: int, stage: Stage):
-        super().__init__(topology, topology.stages[index - 1], index)
-        self.stage = stage
+    def __init__(self, topology: Topology, index: int, stage: Stage, endpoint: str | None = None,
+                 handover: Worker | None = None):
         self.first, self.last = index == 1, index == topology.n
-        self.to_next = self._push(topology.orchestrator if self.last else topology.stages[index])
-        self.to_drafter = self._push(topology.drafter)
+        super().__init__(topology, endpoint or topology.stages[index - 1], index, handover)
+        self.stage = stage
         self.params = SamplingParams()
         self.base = 0
         self.pending: dict[int, wire.Message] = {}  # pos -> input of the current epoch, waiting its turn
         self.future: list[wire.Message] = []  # inputs of epochs not opened yet
+
+    def _routes(self) -> dict[str, str]:
+        t = self.topology
+        return {**super()._routes(), "to_next": t.orchestrator if self.last else t.stages[self.index],
+                "to_drafter": t.drafter}
 
     # -- message handling --------------------------------------------------------------------------
 

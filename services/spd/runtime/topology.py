@@ -1,7 +1,9 @@
 """Where every process listens: one ZeroMQ PULL endpoint per worker and one for the orchestrator.
 
 The same JSON serves `spd up` (loopback ports) and Kubernetes (stable DNS names), passed with
-`--topology` or the SPD_TOPOLOGY environment variable.
+`--topology` or the SPD_TOPOLOGY environment variable. It is where the pipeline starts: when a
+warm spare takes over a dead worker's role, the orchestrator moves that role to the spare's own
+endpoint and sends the new routes with the next PREFILL (`runtime/spares.py`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,30 @@ class Topology:
         return len(self.stages)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(self.to_dict())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Topology":
+        return cls(tuple(d["stages"]), d["drafter"], d["orchestrator"])
 
     @classmethod
     def from_json(cls, text: str) -> "Topology":
-        d = json.loads(text)
-        return cls(tuple(d["stages"]), d["drafter"], d["orchestrator"])
+        return cls.from_dict(json.loads(text))
+
+    def endpoint(self, role: str, index: int = 0) -> str:
+        """The inbox of ("stage", j) or ("drafter", 0)."""
+        return self.stages[index - 1] if role == "stage" else self.drafter
+
+    def moved(self, role: str, index: int, endpoint: str) -> "Topology":
+        """The same routes with one worker at a new endpoint (a spare took its place)."""
+        if role == "stage":
+            stages = list(self.stages)
+            stages[index - 1] = endpoint
+            return Topology(tuple(stages), self.drafter, self.orchestrator)
+        return Topology(self.stages, endpoint, self.orchestrator)
 
     @classmethod
     def from_arg(cls, arg: str | None) -> "Topology":

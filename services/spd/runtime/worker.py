@@ -1,6 +1,7 @@
 """What stage and drafter processes share: sockets, registration, heartbeats, the receive loop.
 
-A worker owns one PULL inbox (bound) and PUSH sockets to its peers (connected). It registers with
+A worker owns one PULL inbox (bound) and PUSH sockets to its peers (connected; re-connected when a
+PREFILL brings new routes because a spare replaced one of them). It registers with
 the orchestrator (HELLO with a fresh incarnation id) and sends heartbeats from a thread of its own
 (own socket), so a long forward never looks like a death. Malformed frames are
 dropped, logged and counted; messages of older epochs are dropped; messages of newer epochs wait
@@ -33,17 +34,43 @@ MAX_PENDING = 4096  # buffered future-epoch / out-of-order messages
 class Worker:
     role = "worker"
 
-    def __init__(self, topology: Topology, inbox: str, index: int = 0):
-        self.topology, self.index = topology, index
+    def __init__(self, topology: Topology, endpoint: str, index: int = 0, handover: "Worker | None" = None):
+        self.topology, self.endpoint, self.index = topology, endpoint, index
         self.incarnation = uuid.uuid4().hex[:12]
-        self.ctx = zmq.Context()
-        self.inbox = secure(self._socket(zmq.PULL), server=True)
-        self.inbox.bind(bind_endpoint(inbox))
-        self.to_orch = self._push(topology.orchestrator)
+        if handover is None:
+            self.ctx = zmq.Context()
+            self.inbox = secure(self._socket(zmq.PULL), server=True)
+            self.inbox.bind(bind_endpoint(endpoint))
+        else:  # a spare taking a role: same context, same bound inbox (its endpoint is now this role's)
+            self.ctx, self.inbox = handover.ctx, handover.inbox
         self.stop = False
         self.dropped = {"malformed": 0, "stale": 0, "overflow": 0, "protocol": 0}
         self.rid, self.epoch = "", -1
+        self._connected: dict[str, str] = {}  # attribute name of a PUSH socket -> endpoint it is connected to
+        self._connect()
         self._beats = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+
+    def _routes(self) -> dict[str, str]:
+        """Attribute name -> endpoint of every PUSH socket this worker sends on (subclasses add theirs)."""
+        return {"to_orch": self.topology.orchestrator}
+
+    def _connect(self) -> None:
+        """(Re)connect the PUSH sockets whose endpoint is new or changed."""
+        for name, endpoint in self._routes().items():
+            if self._connected.get(name) == endpoint:
+                continue
+            if name in self._connected:
+                getattr(self, name).close(linger=0)
+            setattr(self, name, self._push(endpoint))
+            self._connected[name] = endpoint
+
+    def reroute(self, routes: dict) -> None:
+        """Adopt the orchestrator's routes (a spare took a dead worker's place) before running a PREFILL."""
+        topology = Topology.from_dict(routes)
+        if topology != self.topology:
+            log.info("[route] %s %d: new routes %s", self.role, self.index, topology.to_json())
+            self.topology = topology
+            self._connect()
 
     def _socket(self, kind) -> zmq.Socket:
         s = self.ctx.socket(kind)
@@ -68,22 +95,29 @@ class Worker:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         log.info("[start] %s %d incarnation %s pid %d", self.role, self.index, self.incarnation, os.getpid())
-        self._beats.start()
         try:
-            while not self.stop:
-                try:
-                    msg = wire.recv(self.inbox, POLL_MS)
-                except wire.WireError as e:
-                    self.dropped["malformed"] += 1
-                    log.warning("[drop] malformed message (%s); %d so far", e, self.dropped["malformed"])
-                    continue
-                if msg is not None:
-                    self._dispatch(msg)
+            self._serve()
         finally:
             self.close()
 
+    def _serve(self) -> None:
+        """Heartbeats on, then handle inbox messages until the stop flag is set."""
+        self._beats.start()
+        while not self.stop:
+            try:
+                msg = wire.recv(self.inbox, POLL_MS)
+            except wire.WireError as e:
+                self.dropped["malformed"] += 1
+                log.warning("[drop] malformed message (%s); %d so far", e, self.dropped["malformed"])
+                continue
+            if msg is not None:
+                self._dispatch(msg)
+        self._beats.join(timeout=2 * HEARTBEAT_S)
+
     def _dispatch(self, msg: wire.Message) -> None:
         try:
+            if msg.kind == "PREFILL" and "routes" in msg.header and msg.epoch > self.epoch and wire.plausible_epoch(msg.epoch):
+                self.reroute(msg.header["routes"])
             self.handle(msg)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
             self.dropped["protocol"] += 1
@@ -114,6 +148,7 @@ class Worker:
                     break
                 wire.send(sock, kind, {"rid": "", "epoch": 0, "pos": 0, "role": self.role, "index": self.index,
                                        "incarnation": self.incarnation, "pid": os.getpid(),
+                                       "endpoint": self.endpoint,
                                        "dropped": dict(self.dropped)}, timeout_ms=0)
                 kind = "HEARTBEAT"
                 time.sleep(HEARTBEAT_S)
@@ -122,6 +157,7 @@ class Worker:
 
     def close(self) -> None:
         self.stop = True
-        self._beats.join(timeout=2 * HEARTBEAT_S)
+        if self._beats.is_alive():
+            self._beats.join(timeout=2 * HEARTBEAT_S)
         self.ctx.destroy(linger=0)
         log.info("[stop] %s %d", self.role, self.index)
