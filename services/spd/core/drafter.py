@@ -42,6 +42,10 @@ class DrafterState:
         self.cache = KVCache(list(range(pdm.config.num_layers)))
         self.reset()
 
+    def fork(self) -> "DrafterState":
+        """A fresh state for another request, sharing the PDM and the embedding."""
+        return DrafterState(self.pdm, self.embed, self.split)
+
     def reset(self) -> None:
         self.states = torch.zeros(0, len(self.anchors), self.pdm.config.target_hidden, device=self.pdm.d2t.device)  # [T, m, d]
         self.depth: list[int] = []

@@ -14,6 +14,12 @@ cycle. One cycle:
 Counting (tested): with a drafter that is always right, the first token comes from prefill and
 each cycle from the n-th on commits one, so K = N + n - 2. With one that is always wrong every
 commit after the first costs n cycles, K = n (N - 1) and α = N/K -> 1/n.
+
+Many requests (`generate_many`): each keeps its own pipeline (its own tokens in flight, drafter
+state, epochs of flushes) in its own KV slot of every stage; in a cycle each stage runs the tokens
+that all requests hold for it as one batched forward (`Stage.forward_rows`, batch-invariant), so a
+request's tokens are exactly what it would produce alone. A request joins with its prefill
+between two cycles, without draining the others.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -41,9 +47,19 @@ class _Run:
     verifier: Verifier  # committed tokens, waiting drafts, judgement and stop rules
     tokens: list[int]  # committed prefix + in-flight tokens (+ a draft waiting for stage 1)
     slots: list  # slots[j] = (position, input) for stage j+1, or None
+    slot: int = 0  # its KV cache slot in every stage
+    drafter: object = None  # its own drafter state (None: no drafting)
+    stats: Stats | None = None
+    trace: list | None = None
     waiting: int | None = None  # position of a fresh draft waiting to enter stage 1
     base: int = 0  # first position of the current pipeline fill (the last reseed)
     finish: str | None = None
+
+
+class Request(NamedTuple):
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: StopRule
 
 
 class SPDEngine:
@@ -63,83 +79,127 @@ class SPDEngine:
     def stream(self, prompt_ids: list[int], params: SamplingParams, stop: StopRule,
                stats: Stats | None = None, trace: list | None = None) -> Iterator[int]:
         """Yield each committed token as soon as it is verified."""
-        check_prompt(prompt_ids, self.stages)
-        stats = stats if stats is not None else Stats(n=self.n)
-        stats.stage_s = [0.0] * self.n
-        trace = trace if trace is not None else []
-        run = self._prefill(prompt_ids, params, stop, stats)
+        run = self._start(Request(prompt_ids, params, stop), 0, self.drafter, stats, trace)
         yield run.verifier.tokens[-1]
         t0 = time.perf_counter()
         while run.finish is None:
-            committed = self._cycle(run, stats, trace)
+            committed = self._cycle([run])[0]
             if committed is not None:
-                stats.generated_tokens += 1
                 yield committed
-        stats.decode_s = time.perf_counter() - t0
+        run.stats.decode_s = time.perf_counter() - t0
+
+    def generate_many(self, requests: list[Request], join_at: list[int] | None = None) -> list[Generation]:
+        """Decode several requests together; request i joins before cycle join_at[i] (default 0).
+
+        Each gets its own KV slot and drafter state (`fork` of the engine's drafter); stages batch
+        across requests up to their `rows`.
+        """
+        join_at = join_at or [0] * len(requests)
+        waiting = sorted(range(len(requests)), key=lambda i: join_at[i])
+        runs: dict[int, _Run] = {}
+        done: dict[int, Generation] = {}
+        started: dict[int, float] = {}
+        cycle = 0
+        while waiting or runs:
+            while waiting and join_at[waiting[0]] <= cycle:
+                i = waiting.pop(0)
+                drafter = self.drafter.fork() if self.drafter is not None else None
+                runs[i] = self._start(requests[i], i, drafter, Stats(n=self.n), [])
+                started[i] = time.perf_counter()
+            if runs:
+                self._cycle(list(runs.values()))
+            for i in [i for i, run in runs.items() if run.finish is not None]:
+                run = runs.pop(i)
+                run.stats.decode_s = time.perf_counter() - started[i]
+                for stage in self.stages:
+                    stage.release(run.slot)
+                tokens = run.verifier.generated
+                done[i] = Generation(tokens, run.finish, run.stats, run.trace)
+            cycle += 1
+        return [done[i] for i in range(len(requests))]
 
     # -- phases -------------------------------------------------------------------------------
 
-    def _prefill(self, prompt_ids: list[int], params: SamplingParams, stop: StopRule, stats: Stats) -> _Run:
+    def _start(self, request: Request, slot: int, drafter, stats: Stats | None, trace: list | None) -> _Run:
+        """Prefill one request into `slot`; the run holds its first token."""
+        prompt_ids, params, stop = request
+        check_prompt(prompt_ids, self.stages)
+        stats = stats if stats is not None else Stats(n=self.n)
+        stats.stage_s = [0.0] * self.n
         t0 = time.perf_counter()
         for stage in self.stages:
-            stage.truncate(0)
+            stage.truncate(0, slot)
         ids = torch.tensor(prompt_ids)
-        if self.drafter is not None:
-            self.drafter.reset()
-            self.drafter.enter(0, ids)
-        on_stage = (lambda j, out: self.drafter.observe(0, len(ids), j, out.anchors)) if self.drafter else None
-        out = run_through(self.stages, ids, 0, on_stage)
+        if drafter is not None:
+            drafter.reset()
+            drafter.enter(0, ids)
+        on_stage = (lambda j, out: drafter.observe(0, len(ids), j, out.anchors)) if drafter else None
+        out = run_through(self.stages, ids, 0, on_stage, slot)
         verifier = Verifier(list(prompt_ids), params, stop, max_new_tokens(len(prompt_ids), stop, self.stages), self.n)
         first = verifier.first(out.logits[-1])
-        run = _Run(verifier, list(verifier.tokens), [None] * self.n, finish=first.finish)
+        run = _Run(verifier, list(verifier.tokens), [None] * self.n, slot, drafter, stats,
+                   trace if trace is not None else [], finish=first.finish)
         if run.finish is None:
             self._reseed(run, first.position, first.token)
         stats.generated_tokens = 1
         stats.prefill_s = time.perf_counter() - t0
         return run
 
-    def _cycle(self, run: _Run, stats: Stats, trace: list) -> int | None:
-        """One lockstep cycle. Returns the token it committed, or None (refill cycle)."""
-        stats.cycles += 1
-        record = {"cycle": stats.cycles, "in_flight": sum(s is not None for s in run.slots)}
+    def _cycle(self, runs: list[_Run]) -> list[int | None]:
+        """One lockstep cycle of every run. Returns the token each committed, or None (refill)."""
+        records = []
+        for run in runs:
+            run.stats.cycles += 1
+            records.append({"cycle": run.stats.cycles, "in_flight": sum(s is not None for s in run.slots)})
         if self.schedule == "pre":
-            self._draft(run, stats, record)
-        exiting = self._forward_stages(run, stats)
-        committed = None
-        if exiting is not None:
-            t0 = time.perf_counter()
-            committed = self._judge(run, *exiting, stats, record)
-            stats.verify_s += time.perf_counter() - t0
-        if self.schedule == "post" and run.finish is None and run.slots[0] is None:
-            self._draft(run, stats, record)
-        self._admit_draft(run)
-        if self.tracing:
-            trace.append(record)
+            for run, record in zip(runs, records):
+                self._draft(run, record)
+        exits = self._forward_stages(runs)
+        committed = []
+        for run, record, exiting in zip(runs, records, exits):
+            token = None
+            if exiting is not None:
+                t0 = time.perf_counter()
+                token = self._judge(run, *exiting, record)
+                run.stats.verify_s += time.perf_counter() - t0
+                run.stats.generated_tokens += 1
+            if self.schedule == "post" and run.finish is None and run.slots[0] is None:
+                self._draft(run, record)
+            self._admit_draft(run)
+            if self.tracing:
+                run.trace.append(record)
+            committed.append(token)
         return committed
 
-    def _forward_stages(self, run: _Run, stats: Stats) -> tuple[int, torch.Tensor] | None:
-        """Every occupied stage forwards one token; returns (position, logits [V]) of the exiting one."""
-        exiting = None
+    def _forward_stages(self, runs: list[_Run]) -> list[tuple[int, torch.Tensor] | None]:
+        """Every occupied stage forwards the token each run holds for it (one batched forward per
+        stage, at most `rows` tokens each); returns each run's exiting (position, logits [V]) or None."""
+        exits: list = [None] * len(runs)
         for j in reversed(range(self.n)):  # deepest first: stage j+1 consumes last cycle's output of j
-            if run.slots[j] is None:
-                continue
-            pos, x = run.slots[j]
-            run.slots[j] = None
-            t0 = time.perf_counter()
-            out = self.stages[j](x, pos)
-            stats.stage_s[j] += time.perf_counter() - t0
-            if self.drafter is not None:
-                self.drafter.observe(pos, 1, j + 1, out.anchors)
-            if j == self.n - 1:
-                exiting = (pos, out.logits[-1])
-            else:
-                run.slots[j + 1] = (pos, out.hidden)
-        return exiting
+            stage = self.stages[j]
+            ready = [(i, run) for i, run in enumerate(runs) if run.slots[j] is not None]
+            for g in range(0, len(ready), max(stage.rows, 1)):
+                group = ready[g:g + max(stage.rows, 1)]
+                inputs = [(run.slot, run.slots[j][1], run.slots[j][0]) for _, run in group]
+                t0 = time.perf_counter()
+                outs = stage.forward_rows(inputs) if len(group) > 1 else [stage(inputs[0][1], inputs[0][2], inputs[0][0])]
+                dt = time.perf_counter() - t0
+                for (i, run), out in zip(group, outs):
+                    pos, _ = run.slots[j]
+                    run.slots[j] = None
+                    run.stats.stage_s[j] += dt
+                    if run.drafter is not None:
+                        run.drafter.observe(pos, 1, j + 1, out.anchors)
+                    if j == self.n - 1:
+                        exits[i] = (pos, out.logits[-1])
+                    else:
+                        run.slots[j + 1] = (pos, out.hidden)
+        return exits
 
-    def _judge(self, run: _Run, pos: int, logits: torch.Tensor, stats: Stats, record: dict) -> int:
+    def _judge(self, run: _Run, pos: int, logits: torch.Tensor, record: dict) -> int:
         """The token at `pos` left stage n: its distribution decides position pos+1. Commit it."""
         v = run.verifier.judge(pos, logits)
-        stats.accepts, stats.rejects = run.verifier.accepts, run.verifier.rejects
+        run.stats.accepts, run.stats.rejects = run.verifier.accepts, run.verifier.rejects
         record.update(judged=v.position, draft=v.draft, token=v.token, accepted=v.accepted)
         run.finish = v.finish
         if v.accepted:
@@ -153,26 +213,26 @@ class SPDEngine:
         return v.token
 
     def _reseed(self, run: _Run, pos: int, token: int) -> None:
-        """Truncate every KV cache and the drafter to `pos`, flush, and put `token` into stage 1."""
+        """Truncate the run's KV caches and drafter to `pos`, flush, and put `token` into stage 1."""
         for stage in self.stages:
-            stage.truncate(pos)
+            stage.truncate(pos, run.slot)
         run.base = pos
         run.slots = [None] * self.n
         run.slots[0] = (pos, torch.tensor([token]))
-        if self.drafter is not None:
-            self.drafter.truncate(pos)
-            self.drafter.enter(pos, torch.tensor([token]))
+        if run.drafter is not None:
+            run.drafter.truncate(pos)
+            run.drafter.enter(pos, torch.tensor([token]))
 
-    def _draft(self, run: _Run, stats: Stats, record: dict) -> None:
-        """Ask the drafter for the next token; it waits in `tokens` until the cycle's verdict."""
+    def _draft(self, run: _Run, record: dict) -> None:
+        """Ask the run's drafter for the next token; it waits in `tokens` until the cycle's verdict."""
         next_pos = len(run.tokens)
-        if self.drafter is None or not run.verifier.wants_draft(next_pos, self._ctx):
+        if run.drafter is None or not run.verifier.wants_draft(next_pos, self._ctx):
             return
         t0 = time.perf_counter()
-        depths = self.drafter.staircase(run.base, s0=0 if self.schedule == "pre" else 1)
-        assert self.drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
-        draft: Draft = self.drafter.draft(run.verifier.params, depths)
-        stats.draft_s += time.perf_counter() - t0
+        depths = run.drafter.staircase(run.base, s0=0 if self.schedule == "pre" else 1)
+        assert run.drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
+        draft: Draft = run.drafter.draft(run.verifier.params, depths)
+        run.stats.draft_s += time.perf_counter() - t0
         assert draft.position == next_pos, (draft.position, next_pos)
         run.tokens.append(draft.token)
         run.waiting = next_pos
@@ -184,7 +244,7 @@ class SPDEngine:
         pos, run.waiting = run.waiting, None
         if pos is not None and run.finish is None:
             run.slots[0] = (pos, torch.tensor([run.tokens[pos]]))
-            self.drafter.enter(pos, torch.tensor([run.tokens[pos]]))
+            run.drafter.enter(pos, torch.tensor([run.tokens[pos]]))
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -24,6 +24,10 @@ class ScriptedDrafter:
         self.wrong, self.wrong_every = wrong, wrong_every
         self.depth: list[int] = []
 
+    def fork(self) -> "ScriptedDrafter":
+        """The same script for another request (with `continuation`, its own oracle per prompt)."""
+        return ScriptedDrafter(list(self.oracle), self.vocab_size, self.wrong, self.wrong_every, self.continuation, self.n)
+
     @property
     def length(self) -> int:
         return len(self.depth)

@@ -24,11 +24,12 @@ def load_pipeline(model_dir: Path, config, split: PipelineSplit, anchors: tuple[
     return [load_stage(model_dir, config, split.layers_of(j), anchors, device, dtype) for j in range(1, split.n + 1)]
 
 
-def run_through(stages: list[Stage], x: torch.Tensor, start: int, on_stage=None) -> StageOutput:
-    """Push tokens x [T] at positions start.. through every stage; `on_stage(j, out)` sees each output."""
+def run_through(stages: list[Stage], x: torch.Tensor, start: int, on_stage=None, slot: int = 0) -> StageOutput:
+    """Push tokens x [T] at positions start.. through every stage (KV slot `slot`); `on_stage(j, out)`
+    sees each output."""
     h = x
     for j, stage in enumerate(stages, start=1):
-        out = stage(h, start)
+        out = stage(h, start, slot)
         if on_stage:
             on_stage(j, out)
         h = out.hidden
