@@ -40,6 +40,7 @@ MAX_TENSORS = 64  # tensor frames per message
 MAX_NDIM = 8  # dimensions per tensor
 MAX_RID_CHARS = 256  # request id length
 MAX_MESSAGE_BYTES = 256 << 20  # all frames together (256 MiB: 16k prefill tokens x 4096 x fp32)
+MAX_SLOTS = 256  # concurrent requests one pipeline can hold (header "slot")
 TENSORS_KEY = "tensors"  # header key reserved for the tensor table
 REQUIRED = (("rid", str), ("epoch", int), ("pos", int))  # header fields every message carries
 
@@ -83,6 +84,14 @@ class Message:
     @property
     def pos(self) -> int:
         return self.header["pos"]
+
+    @property
+    def slot(self) -> int:
+        """Which of the pipeline's concurrent requests it belongs to (0 when only one runs)."""
+        slot = self.header.get("slot", 0)
+        if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < MAX_SLOTS:
+            raise WireError(f"slot must be an int in [0, {MAX_SLOTS}), got {slot!r}")
+        return slot
 
     def stale(self, current_epoch: int) -> bool:
         """True when this message belongs to an epoch older than the receiver's."""

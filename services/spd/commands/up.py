@@ -20,6 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--state-file", type=Path, help="write role -> pid/address JSON here")
     p.add_argument("--metrics-port", type=int, default=0)
     p.add_argument("--log-dir", type=Path, help="one log file per process (default: this terminal)")
+    p.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once, sharing every stage "
+                   "forward (default 1; more pads each single-token forward to this many rows)")
     p.add_argument("--spares", type=int, default=0, help="warm spare workers that take over a dead stage or drafter "
                    "in about a second (default 0: a dead worker is restarted, which takes several seconds)")
     p.set_defaults(run=run)
@@ -33,6 +35,8 @@ def run(args) -> int:
     devices = [d for d in args.devices.split(",") if d]
     if devices and not args.n <= len(devices) <= args.n + 1 + args.spares:
         raise UsageError(f"--devices needs {args.n} to {args.n + 1 + args.spares} entries, got {len(devices)}")
+    if not 1 <= args.max_concurrency <= 64:
+        raise UsageError(f"--max-concurrency must be in 1..64, got {args.max_concurrency}")
     if not 0 <= args.spares <= 16:
         raise UsageError(f"--spares must be in 0..16, got {args.spares}")
     if not 1 <= args.port <= 65535:
@@ -42,5 +46,5 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(f"--n/--model: {e}") from None
     cfg = ClusterConfig(args.n, args.port, args.model, args.draft, args.split, devices, args.schedule,
-                        args.state_file, args.metrics_port, args.log_dir, spares=args.spares)
+                        args.state_file, args.metrics_port, args.log_dir, spares=args.spares, max_concurrency=args.max_concurrency)
     return Cluster(cfg).run()

@@ -28,6 +28,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
     p.add_argument("--health-port", type=int, default=0, help="grpc.health.v1 port (0 = none)")
     p.add_argument("--health-host", default="127.0.0.1")
+    p.add_argument("--max-concurrency", type=int, default=1, help="requests the pipeline decodes at once: a stage "
+                   "runs single tokens at this fixed batch shape (batch-invariant); must match the orchestrator's")
 
 
 def add_parser(sub) -> None:
@@ -61,7 +63,8 @@ def add_parser(sub) -> None:
     orch.add_argument("--host", default="127.0.0.1")
     orch.add_argument("--metrics-port", type=int, default=0)
     orch.add_argument("--schedule", choices=["pre", "post"], default="pre")
-    orch.add_argument("--queue-size", type=int, default=16)
+    orch.add_argument("--queue-size", type=int, default=16, help="requests waiting beyond the running ones")
+    orch.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once (default 1)")
     orch.add_argument("--worker-wait", type=float, default=60.0, help="seconds a request waits for a missing stage")
     orch.add_argument("--tls-cert", help="PEM certificate: serve the API over TLS")
     orch.add_argument("--tls-key", help="PEM private key for --tls-cert")
@@ -124,11 +127,11 @@ def _stage(args, topology, model_dir, config, split, dtype, index: int):
     if args.zero_compute:
         from spd.runtime.zero_stage import ZeroComputeStage
 
-        return ZeroComputeStage(index, topology.n, config.hidden_size, config.vocab_size)
+        return ZeroComputeStage(index, topology.n, config.hidden_size, config.vocab_size, args.max_concurrency)
     from spd.core.stage import load_stage
 
     return load_stage(model_dir, config, split.layers_of(index), anchors_for(args.draft, model_dir, split),
-                      args.device, dtype)
+                      args.device, dtype, rows=args.max_concurrency)
 
 
 def _drafter_state(args, topology, model_dir, config, split, dtype):
@@ -205,6 +208,7 @@ def run_orchestrator(args) -> int:
 
     torch.set_num_threads(1)
     serve(OrchestratorConfig(Topology.from_arg(args.topology), args.model, args.port, args.host, args.metrics_port,
-                             args.schedule, args.queue_size, worker_wait_s=args.worker_wait,
+                             args.schedule, args.queue_size, max_concurrency=args.max_concurrency,
+                             worker_wait_s=args.worker_wait,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, token=args.token))
     return 0

@@ -1,9 +1,11 @@
-"""The drafter as a process: collects anchor states from the stages and drafts one token per cycle.
+"""The drafter as a process: collects anchor states from the stages and drafts one token per cycle
+for every request in flight, each in its own slot (own drafter state, epochs and buffers).
 
-It drafts the token after the newest one as soon as every position has been seen at the depth the
-staircase prescribes (pre-step: the newest at depth 0, the one before at depth 1, ...), and uses
-exactly those depths, so it proposes what the lockstep engine would, whatever the timing. The
-draft goes straight to stage 1 (verification stays off the critical path) and to the orchestrator.
+It drafts the token after a request's newest one as soon as every position has been seen at the
+depth the staircase prescribes (pre-step: the newest at depth 0, the one before at depth 1, ...),
+and uses exactly those depths, so it proposes what the lockstep engine would, whatever the timing.
+The draft goes straight to stage 1 (verification stays off the critical path) and to the
+orchestrator.
 
 Anchor messages of an older epoch still count for positions the flush kept (position < the base of
 the next epoch): the last stage's states of a token that just left the pipeline often arrive after
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,96 +29,117 @@ from spd.runtime.worker import MAX_PENDING, Worker
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Slot:
+    """One request's drafting state."""
+    state: object  # a DrafterState (PDM), or a ScriptedDrafter in tests
+    rid: str = ""
+    epoch: int = -1
+    params: SamplingParams = field(default_factory=SamplingParams)
+    s0: int = 0  # staircase offset of the schedule (pre 0, post 1)
+    limit: int = 0  # drafts may take positions < limit
+    base: int = 0  # first position of the current fill
+    bases: dict[int, int] = field(default_factory=dict)  # epoch -> base, to judge older anchor messages
+    future: list[wire.Message] = field(default_factory=list)
+
+
 class DrafterWorker(Worker):
     role = "drafter"
 
     def __init__(self, topology: Topology, state: DrafterState, endpoint: str | None = None,
                  handover: Worker | None = None):
         super().__init__(topology, endpoint or topology.drafter, 0, handover)
-        self.state = state  # a DrafterState (PDM), or a ScriptedDrafter in tests
-        self.params, self.s0, self.limit, self.base = SamplingParams(), 0, 0, 0
-        self.bases: dict[int, int] = {}  # epoch -> base, to judge older anchor messages
-        self.future: list[wire.Message] = []
+        self.state = state  # the prototype: slot k drafts with state.fork()
+        self.slots: dict[int, _Slot] = {}
 
     def _routes(self) -> dict[str, str]:
         return {**super()._routes(), "to_stage1": self.topology.stages[0]}
 
+    def _slot(self, sid: int) -> _Slot:
+        if sid not in self.slots:
+            self.slots[sid] = _Slot(self.state if not self.slots and sid == 0 else self.state.fork())
+        return self.slots[sid]
+
     def handle(self, msg: wire.Message) -> None:
+        sid = msg.slot
+        slot = self._slot(sid)
         if msg.kind in ("PREFILL", "RESEED", "CANCEL"):
-            if msg.epoch < self.epoch or not self.plausible(msg):
+            if msg.epoch < slot.epoch or not self.plausible(msg):
                 return
-            self._open_epoch(msg)
+            self._open_epoch(slot, msg)
         elif msg.kind == "ANCHORS":
-            if msg.rid != self.rid and msg.epoch <= self.epoch:
+            if msg.rid != slot.rid and msg.epoch <= slot.epoch:
                 return
-            if msg.epoch > self.epoch:
-                if len(self.future) < MAX_PENDING:
-                    self.future.append(msg)
+            if msg.epoch > slot.epoch:
+                if len(slot.future) < MAX_PENDING:
+                    slot.future.append(msg)
                 return
-            self._observe(msg)
+            self._observe(slot, msg)
         else:
             return
-        self._maybe_draft()
+        self._maybe_draft(sid, slot)
 
-    def _open_epoch(self, msg: wire.Message) -> None:
+    def _open_epoch(self, slot: _Slot, msg: wire.Message) -> None:
         h = msg.header
-        if msg.kind != "RESEED" or msg.rid != self.rid:
-            self.bases = {}
-        self.rid, self.epoch = msg.rid, msg.epoch
+        if msg.kind != "RESEED" or msg.rid != slot.rid:
+            slot.bases = {}
+        slot.rid, slot.epoch = msg.rid, msg.epoch
         if msg.kind == "CANCEL":
-            self.limit = 0
+            slot.limit = 0
+            slot.state.reset()
             return
         if msg.kind == "PREFILL":
-            self.params, self.s0, self.limit = SamplingParams(**h["params"]), h["s0"], h["draft_limit"]
-            self.state.reset()
-            self.state.enter(0, msg.tensors["ids"].to(torch.long))
-            self.base = len(msg.tensors["ids"])  # nothing drafted before the first token is committed
+            slot.params, slot.s0, slot.limit = SamplingParams(**h["params"]), h["s0"], h["draft_limit"]
+            slot.state.reset()
+            slot.state.enter(0, msg.tensors["ids"].to(torch.long))
+            slot.base = len(msg.tensors["ids"])  # nothing drafted before the first token is committed
         else:
-            self.base = h["base"]
-            self.state.truncate(self.base)
-            self.state.enter(self.base, torch.tensor([int(h["token"])]))
-        self.bases[self.epoch] = self.base
-        waiting, self.future = self.future, []
+            slot.base = h["base"]
+            slot.state.truncate(slot.base)
+            slot.state.enter(slot.base, torch.tensor([int(h["token"])]))
+        slot.bases[slot.epoch] = slot.base
+        waiting, slot.future = slot.future, []
         for m in waiting:
-            if m.epoch <= self.epoch:
-                self._observe(m)
+            if m.epoch <= slot.epoch:
+                self._observe(slot, m)
             else:
-                self.future.append(m)
+                slot.future.append(m)
 
-    def _observe(self, msg: wire.Message) -> None:
+    def _observe(self, slot: _Slot, msg: wire.Message) -> None:
         h = msg.header
         count = h["count"]
-        if msg.epoch < self.epoch:  # older epoch: only positions its flush kept are still valid
+        if msg.epoch < slot.epoch:  # older epoch: only positions its flush kept are still valid
             # epochs are not consecutive (wire.next_epoch): the flushes after msg's epoch kept < min base
-            keep = min((b for e, b in self.bases.items() if e > msg.epoch), default=None)
+            keep = min((b for e, b in slot.bases.items() if e > msg.epoch), default=None)
             if keep is None or msg.pos >= keep:
                 self.dropped["stale"] += 1
                 return
             count = min(count, keep - msg.pos)
-        count = min(count, self.state.length - msg.pos)
+        count = min(count, slot.state.length - msg.pos)
         if count <= 0:
             return
         anchors = {int(k[1:]): v[:count] for k, v in msg.tensors.items()}
-        self.state.observe(msg.pos, count, h["stage"], anchors)
+        slot.state.observe(msg.pos, count, h["stage"], anchors)
 
-    def _maybe_draft(self) -> None:
-        pos = self.state.length  # the position a draft would take
-        if pos <= self.base or pos >= self.limit:  # first token not committed yet / limit reached
+    def _maybe_draft(self, sid: int, slot: _Slot) -> None:
+        state = slot.state
+        pos = state.length  # the position a draft would take
+        if pos <= slot.base or pos >= slot.limit:  # first token not committed yet / limit reached
             return
-        depths = self.state.staircase(self.base, self.s0)
-        if not self.state.ready(depths):
-            log.debug("not ready for %d: seen %s want %s", pos, self.state.depth[-4:], depths[-4:])
+        depths = state.staircase(slot.base, slot.s0)
+        if not state.ready(depths):
+            log.debug("slot %d not ready for %d: seen %s want %s", sid, pos, state.depth[-4:], depths[-4:])
             return
         t0 = time.perf_counter()
-        d = self.state.draft(self.params, depths)
+        d = state.draft(slot.params, depths)
         t_ms = 1e3 * (time.perf_counter() - t0)
-        token, q = d.token, d.q
-        self.state.enter(pos, torch.tensor([token]))
-        head = {"pos": pos, "base": self.base, "token": token, "t_ms": t_ms, "fill": d.fill}
-        log.debug("[draft] epoch %d pos %d token %d", self.epoch, pos, token)
+        state.enter(pos, torch.tensor([d.token]))
+        head = {"rid": slot.rid, "epoch": slot.epoch, "slot": sid, "pos": pos, "base": slot.base, "token": d.token,
+                "t_ms": t_ms, "fill": d.fill}
+        log.debug("[draft] slot %d epoch %d pos %d token %d", sid, slot.epoch, pos, d.token)
         self.send(self.to_stage1, "DRAFT", head)
         tensors = None
-        if q is not None:
-            ids = torch.nonzero(q).flatten()
-            tensors = {"ids": ids.to(torch.int32), "probs": q[ids]}
+        if d.q is not None:
+            ids = torch.nonzero(d.q).flatten()
+            tensors = {"ids": ids.to(torch.int32), "probs": d.q[ids]}
         self.send(self.to_orch, "DRAFT", head, tensors)

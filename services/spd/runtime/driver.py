@@ -1,4 +1,5 @@
-"""The orchestrator's pipeline driver: runs one request at a time over the worker processes.
+"""The orchestrator's pipeline driver: runs up to `max_concurrency` requests over the worker processes,
+each in its own slot with its own speculation (its tokens in flight, drafts, flushes, epochs).
 
 It owns every ZeroMQ socket of the orchestrator (one thread, no locks): PREFILL to all workers,
 then it only listens. Drafts flow drafter -> stage 1 directly; the driver hears of them to judge
@@ -43,6 +44,7 @@ class DriverConfig:
     draft_wait_s: float = 2.0  # how long a judgement waits for its draft before the target decides alone
     progress_timeout_s: float = 20.0  # no commit for this long (plus prefill allowance) -> recovery
     max_recoveries: int = 3  # per request; then UNAVAILABLE
+    max_concurrency: int = 1  # requests decoding at once, each in its own slot of every worker
 
 
 class _Fault(Exception):
@@ -69,6 +71,7 @@ class Driver:
         self.routes = topology  # where each role listens now (a spare's endpoint once it took over)
         self._set_routes(topology)
         self._restarted = False
+        self.runs: dict[int, _Run] = {}  # slot -> the request decoding in it
 
     # -- sockets and routes ---------------------------------------------------------------------
 
@@ -154,42 +157,114 @@ class Driver:
     def _loop(self) -> None:
         try:
             while not self.stop.is_set():
-                try:
-                    job = self.jobs.get(timeout=0.2)
-                except queue.Empty:
+                self._admit(wait_s=0.0 if self.runs else 0.2)
+                if self.runs:
+                    self._step()
+                else:
                     while self._poll(0) is not None:  # idle: heartbeats counted, stale data dropped
                         pass
-                    continue
-                metrics.QUEUE.set(self.jobs.qsize())
-                if job.cancelled.is_set():
-                    job.emit("done", "cancelled", {})
-                    continue
-                self._serve(job)
         finally:
             self.ctx.destroy(linger=0)
 
-    # -- one request ----------------------------------------------------------------------------
+    # -- requests -------------------------------------------------------------------------------
 
-    def _serve(self, job: Job) -> None:
+    def _admit(self, wait_s: float) -> None:
+        """Start queued requests while a slot is free (they join the running ones between steps)."""
+        while len(self.runs) < self.cfg.max_concurrency:
+            try:
+                job = self.jobs.get(timeout=wait_s)
+            except queue.Empty:
+                return
+            wait_s = 0.0
+            metrics.QUEUE.set(self.jobs.qsize())
+            if job.cancelled.is_set():
+                job.emit("done", "cancelled", {})
+                continue
+            try:
+                self._await_workers([job])
+            except _Unavailable as e:
+                self._fail(job, "unavailable", "UNAVAILABLE", str(e))
+                continue
+            if not self.runs:  # nothing in flight: a restart heard while waiting needs no recovery
+                self.take_restart()
+            slot = min(set(range(self.cfg.max_concurrency)) - set(self.runs))
+            run = self.runs[slot] = _Run(self, job, slot)
+            metrics.RUNNING.set(len(self.runs))
+            self._guard(run, run.start)
+
+    def _step(self) -> None:
+        """Handle one message (or a 20 ms timeout) for whichever request it belongs to, then let
+        every request judge what it can; a worker fault recovers every request."""
+        msg = self._poll(20)
         try:
-            self._await_workers(job)
-            _Run(self, job).run()
-            metrics.REQUESTS.labels("cancelled" if job.cancelled.is_set() else "ok").inc()
-        except _Unavailable as e:
-            metrics.REQUESTS.labels("unavailable").inc()
-            log.error("[fail] request %s: %s", job.rid, e)
-            job.emit("error", "UNAVAILABLE", str(e))
-        except Exception as e:  # never let one request take the driver down
-            metrics.REQUESTS.labels("error").inc()
-            log.exception("[fail] request %s", job.rid)
-            job.emit("error", "INTERNAL", f"internal error: {e}")
-        finally:
-            self.broadcast("CANCEL", {"rid": job.rid})
+            if self.take_restart():
+                raise _Fault("a worker restarted")
+            missing = self.registry.missing(need_drafter=False)
+            if missing:
+                raise _Fault(f"{', '.join(missing)} stopped sending heartbeats")
+            run = self.runs.get(_slot_of(msg)) if msg is not None and msg.kind in ("DRAFT", "EXIT") else None
+            if run is not None and msg.rid == run.job.rid and msg.epoch == run.epoch:
+                self._guard(run, run.on_message, msg)
+            for run in list(self.runs.values()):
+                self._guard(run, run.tick)
+        except _Fault as e:
+            self._recover(str(e))
 
-    def _await_workers(self, job: Job) -> None:
+    def _guard(self, run: "_Run", fn, *args) -> None:
+        """Run one request's step; an error in it ends that request only (faults propagate)."""
+        try:
+            fn(*args)
+        except _Fault:
+            raise
+        except _Unavailable as e:
+            self.end(run, "unavailable", ("UNAVAILABLE", str(e)))
+        except Exception as e:  # never let one request take the driver down
+            log.exception("[fail] request %s", run.job.rid)
+            self.end(run, "error", ("INTERNAL", f"internal error: {e}"))
+
+    def end(self, run: "_Run", outcome: str, error: tuple[str, str] | None = None) -> None:
+        """A request is over (done, cancelled or failed): free its slot everywhere."""
+        if self.runs.get(run.slot) is not run:
+            return
+        del self.runs[run.slot]
+        metrics.RUNNING.set(len(self.runs))
+        if error:
+            self._fail(run.job, outcome, *error)
+        else:
+            metrics.REQUESTS.labels(outcome).inc()
+        self.broadcast("CANCEL", {"rid": run.job.rid, "slot": run.slot})
+
+    def _fail(self, job: Job, outcome: str, code: str, message: str) -> None:
+        metrics.REQUESTS.labels(outcome).inc()
+        log.error("[fail] request %s: %s", job.rid, message)
+        job.emit("error", code, message)
+
+    def _recover(self, why: str) -> None:
+        """A worker died or stalled: every running request re-prefills its committed prefix."""
+        for run in list(self.runs.values()):
+            run.stats["recoveries"] += 1
+            metrics.RECOVERIES.inc()
+            if run.stats["recoveries"] > self.cfg.max_recoveries:
+                self.end(run, "unavailable", ("UNAVAILABLE", f"pipeline failed {run.stats['recoveries']} times: {why}"))
+        if not self.runs:
+            return
+        log.warning("[recover] %s; re-prefilling %d running request(s)", why, len(self.runs))
+        try:
+            self._await_workers([run.job for run in self.runs.values()])
+        except _Unavailable as e:
+            for run in list(self.runs.values()):
+                self.end(run, "unavailable", ("UNAVAILABLE", str(e)))
+            return
+        # The replacement's HELLO, heard while waiting for it, belongs to this fault: counting it
+        # again at the next step made one kill two recoveries.
+        self.take_restart()
+        for run in list(self.runs.values()):
+            self._guard(run, run.reprefill)
+
+    def _await_workers(self, jobs: list[Job]) -> None:
         deadline = time.monotonic() + self.cfg.worker_wait_s
         while self.registry.missing(need_drafter=False):
-            if time.monotonic() > deadline or job.cancelled.is_set():
+            if time.monotonic() > deadline or all(job.cancelled.is_set() for job in jobs):
                 raise _Unavailable(f"pipeline incomplete: {', '.join(self.registry.missing(False))} not running")
             self._poll(100)
 
@@ -232,67 +307,77 @@ class _Unavailable(Exception):
     pass
 
 
-class _Run:
-    """The state of one request inside the driver."""
+def _slot_of(msg: wire.Message) -> int | None:
+    try:
+        return msg.slot
+    except wire.WireError:
+        metrics.MALFORMED.inc()
+        return None
 
-    def __init__(self, driver: Driver, job: Job):
-        self.d, self.job, cfg = driver, job, driver.cfg
+
+class _Run:
+    """The state of one request inside the driver: its slot, epoch, verifier and exits."""
+
+    def __init__(self, driver: Driver, job: Job, slot: int):
+        self.d, self.job, self.slot, cfg = driver, job, slot, driver.cfg
         P = len(job.prompt_ids)
         max_new = min(job.stop.max_tokens, cfg.context - P + 1)
         self.verifier = Verifier(job.prompt_ids, job.params, job.stop, max_new, driver.n)
         self.draft_limit = min(P + max_new, cfg.context)  # drafts may take positions < this
         self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
+        self.epoch = 0  # this request's current epoch (its last PREFILL / RESEED)
         self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
         self.stats = {"n": driver.n, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0, "drafts": 0,
-                      "stage_ms": [0.0] * driver.n, "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
+                      "stage_ms": [0.0] * driver.n, "batch": [0.0] * driver.n,
+                      "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
         self.t0 = time.monotonic()
         self.t_first = None
         self.last_commit = None
         self.last_accept = False
         self.cycle_ms: list[float] = []  # steady-state cycle times (accept after accept)
 
-    def run(self) -> None:
-        self.d.take_restart()
+    def _broadcast(self, kind: str, header: dict, tensors=None) -> None:
+        self.epoch = self.d.broadcast(kind, {"rid": self.job.rid, "slot": self.slot, **header}, tensors)
+
+    def start(self) -> None:
         self._prefill(self.job.prompt_ids)
-        while True:
-            if self.job.cancelled.is_set():
-                self._finish("cancelled")
-                return
-            try:
-                if self._step():
-                    return
-            except _Fault as e:
-                self._recover(str(e))
 
     def _prefill(self, ids: list[int], prompt_len: int | None = None) -> None:
         params = dataclasses.asdict(self.job.params)
         self.fill_start = len(ids)
-        self.d.broadcast("PREFILL", {"rid": self.job.rid, "base": 0, "params": params, "prompt_len": prompt_len or len(ids),
-                                     "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit,
-                                     "routes": self.d.routes.to_dict()},
-                         {"ids": torch.tensor(ids, dtype=torch.int64)})
+        self._broadcast("PREFILL", {"base": 0, "params": params, "prompt_len": prompt_len or len(ids),
+                                    "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit,
+                                    "routes": self.d.routes.to_dict()},
+                        {"ids": torch.tensor(ids, dtype=torch.int64)})
         self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
 
-    def _step(self) -> bool:
-        """Handle one message or timeout; True when the request is finished."""
-        msg = self.d._poll(20)
-        if self.d.take_restart():
-            raise _Fault("a worker restarted")
-        missing = self.d.registry.missing(need_drafter=False)
-        if missing:
-            raise _Fault(f"{', '.join(missing)} stopped sending heartbeats")
-        if msg is not None and msg.rid == self.job.rid and msg.epoch == self.d.epoch:
-            if msg.kind == "DRAFT":
-                self._offer(msg)
-            elif msg.kind == "EXIT":
-                self.exits[msg.pos] = (msg, time.monotonic())
-        nxt = self.exits.get(len(self.verifier.tokens) - 1)  # the exit that judges the next position
-        if nxt is not None and self._judgeable(*nxt):
-            return self._judge(nxt[0])
+    def reprefill(self) -> None:
+        """After a fault: re-prefill the committed prefix under a new epoch."""
+        log.warning("[recover] %s: re-prefilling %d committed tokens", self.job.rid, len(self.verifier.tokens))
+        self.verifier.drafts = {}
+        self.verifier._reseeded = True
+        self.exits = {}
+        self._prefill(self.verifier.tokens, prompt_len=len(self.job.prompt_ids))
+
+    def on_message(self, msg: wire.Message) -> None:
+        """A DRAFT or EXIT of this request's current epoch."""
+        if msg.kind == "DRAFT":
+            self._offer(msg)
+        else:
+            self.exits[msg.pos] = (msg, time.monotonic())
+
+    def tick(self) -> None:
+        """Judge every exit that can be judged now; a stalled request raises a fault."""
+        if self.job.cancelled.is_set():
+            self._finish("cancelled")
+            return
+        while (nxt := self.exits.get(len(self.verifier.tokens) - 1)) is not None and self._judgeable(*nxt):
+            if self._judge(nxt[0]):
+                return
         if time.monotonic() - self.progress > self.d.cfg.progress_timeout_s:
             missing = self.d.registry.missing(need_drafter=False)
-            raise _Fault(f"no progress for {self.d.cfg.progress_timeout_s:.0f} s" + (f" ({', '.join(missing)} down)" if missing else ""))
-        return False
+            raise _Fault(f"{self.job.rid}: no progress for {self.d.cfg.progress_timeout_s:.0f} s" +
+                         (f" ({', '.join(missing)} down)" if missing else ""))
 
     def _offer(self, msg: wire.Message) -> None:
         q = None
@@ -326,6 +411,9 @@ class _Run:
         for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
             self.stats["stage_ms"][j] += ms
             metrics.PHASE_MS.labels(f"stage{j + 1}").observe(ms)
+        for j, rows in enumerate(msg.header.get("batch", [])[: self.d.n]):
+            self.stats["batch"][j] += rows
+            metrics.BATCH.observe(rows)
         self._commit(v)
         if v.finish:
             self._finish(v.finish)
@@ -337,7 +425,7 @@ class _Run:
                 log.info("[flush] %s: reject at %d (draft %s, target %d)", self.job.rid, v.position, v.draft, v.token)
             self.fill_start = v.position
             self.exits = {}
-            self.d.broadcast("RESEED", {"rid": self.job.rid, "pos": v.position, "base": v.position, "token": v.token})
+            self._broadcast("RESEED", {"pos": v.position, "base": v.position, "token": v.token})
         return False
 
     def _commit(self, v: Verdict) -> None:
@@ -352,21 +440,6 @@ class _Run:
         metrics.ACCEPTS.inc(v.accepted is True)
         metrics.REJECTS.inc(v.accepted is False)
         self.job.emit("token", v.token)
-
-    def _recover(self, why: str) -> None:
-        self.stats["recoveries"] += 1
-        metrics.RECOVERIES.inc()
-        if self.stats["recoveries"] > self.d.cfg.max_recoveries:
-            raise _Unavailable(f"pipeline failed {self.stats['recoveries']} times: {why}")
-        log.warning("[recover] %s: %s; re-prefilling %d committed tokens", self.job.rid, why, len(self.verifier.tokens))
-        self.d._await_workers(self.job)
-        # The replacement's HELLO, heard while waiting for it, belongs to this fault: counting it
-        # again at the next step made one kill two recoveries.
-        self.d.take_restart()
-        self.verifier.drafts = {}
-        self.verifier._reseeded = True
-        self.exits = {}
-        self._prefill(self.verifier.tokens, prompt_len=len(self.job.prompt_ids))
 
     def _finish(self, reason: str) -> None:
         v, now = self.verifier, time.monotonic()
@@ -383,5 +456,7 @@ class _Run:
                               cycle_ms_p99=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
         exits = max(1, N)  # each commit came from one exiting token
         self.stats["stage_ms"] = [ms / exits for ms in self.stats["stage_ms"]]
+        self.stats["batch"] = [rows / exits for rows in self.stats["batch"]]  # mean batch its tokens ran in
         metrics.CYCLES.inc(K)
         self.job.emit("done", reason, self.stats)
+        self.d.end(self, "cancelled" if reason == "cancelled" else "ok")

@@ -61,6 +61,7 @@ class ClusterConfig:
     hung_after_s: float = 4.0  # a process that was healthy and then fails health checks this long is killed
     curve: bool = True  # encrypt/authenticate ZeroMQ with a per-launch key (SPD_CURVE_SECRET if set)
     spares: int = 0  # warm spare workers kept ready to take over a dead stage's or the drafter's role
+    max_concurrency: int = 1  # requests decoding at once (slots in every worker, the stages' batch shape)
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Cluster:
     def _plan(self, spare_ports: list[int]) -> list[Proc]:
         cfg, topo = self.cfg, self.topology
         ports = self._health_ports
-        common = ["--topology", topo.to_json(), "--split", cfg.split]
+        common = ["--topology", topo.to_json(), "--split", cfg.split, "--max-concurrency", str(cfg.max_concurrency)]
         if cfg.model:
             common += ["--model", cfg.model]
         if cfg.draft:
@@ -137,7 +138,8 @@ class Cluster:
             procs.append(self._spare(device, spare_ports[2 * k: 2 * k + 2]))
         orch = ["orchestrator", "--topology", topo.to_json(), "--port", str(cfg.port), "--schedule", cfg.schedule,
                 "--metrics-port", str(cfg.metrics_port), "--queue-size", str(cfg.queue_size),
-                "--worker-wait", str(cfg.worker_wait_s)] + cfg.extra_orchestrator_args + (["--model", cfg.model] if cfg.model else [])
+                "--worker-wait", str(cfg.worker_wait_s), "--max-concurrency", str(cfg.max_concurrency)] + \
+            cfg.extra_orchestrator_args + (["--model", cfg.model] if cfg.model else [])
         procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}", live_service=LIVENESS))
         return procs
 

@@ -15,5 +15,8 @@ FLUSHES = Counter("spd_flushes_total", "Pipeline flushes (reject, no-draft resee
 RECOVERIES = Counter("spd_recoveries_total", "Re-prefills after a worker fault")
 MALFORMED = Counter("spd_malformed_frames_total", "Dropped malformed frames at the orchestrator")
 QUEUE = Gauge("spd_queue_depth", "Requests waiting")
+RUNNING = Gauge("spd_running_requests", "Requests decoding now")
+BATCH = Histogram("spd_stage_batch_size", "Tokens per stage forward, as seen by each exiting token",
+                  buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64))
 CYCLE_MS = Histogram("spd_cycle_ms", "Time between consecutive commits after an accept (one cycle)", buckets=_MS)
 PHASE_MS = Histogram("spd_phase_ms", "Per-phase time per cycle", ["phase"], buckets=_MS)

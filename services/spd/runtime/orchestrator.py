@@ -33,7 +33,8 @@ class OrchestratorConfig:
     host: str = "127.0.0.1"  # gRPC bind address ("0.0.0.0" in pods)
     metrics_port: int = 0  # Prometheus endpoint; 0 = off
     schedule: str = "pre"  # staircase schedule: pre | post
-    queue_size: int = 16  # requests waiting beyond the running one
+    queue_size: int = 16  # requests waiting beyond the running ones
+    max_concurrency: int = 1  # requests decoding at once (the stages' --max-concurrency must match)
     max_tokens: int = 4096  # largest max_tokens a request may ask for
     worker_wait_s: float = 60.0  # a request fails UNAVAILABLE if a stage stays missing this long
     tls_cert: str | None = None  # PEM certificate: serve gRPC over TLS (with tls_key)
@@ -45,10 +46,11 @@ def serve(cfg: OrchestratorConfig) -> None:
     model_dir = resolve_model(cfg.model)
     config, tokenizer = load_config(model_dir), load_tokenizer(model_dir)
     driver = Driver(cfg.topology, DriverConfig(config.vocab_size, config.max_position_embeddings, cfg.schedule,
-                                               cfg.queue_size, worker_wait_s=cfg.worker_wait_s))
+                                               cfg.queue_size, worker_wait_s=cfg.worker_wait_s,
+                                               max_concurrency=cfg.max_concurrency))
     driver_thread = driver.start()
     interceptors = [TokenInterceptor(cfg.token)] if cfg.token else []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + 8), interceptors=interceptors,
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + cfg.max_concurrency + 8), interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 4 << 20),
                                   ("grpc.so_reuseport", 0)])  # a second server on this port fails, not shares it
     spd_pb2_grpc.add_SPDServicer_to_server(

@@ -3,14 +3,18 @@ drafter and, from the last stage, a compact summary of the exiting token's distr
 
 Inputs: PREFILL (the prompt; stage 1 runs it), RESEED (truncate the KV cache to `base`; stage 1
 runs the token), DRAFT (stage 1: a drafted token), HIDDEN (stages 2..n), CANCEL (request over).
-Within an epoch inputs are run in position order, exactly when position == KV length; anything
-else waits in a small buffer (messages on different sockets may overtake each other).
+Every message names its request's slot; each slot has its own KV cache, epoch and buffers, so a
+flush in one request never touches another's. Within a slot's epoch inputs are run in position
+order, exactly when position == that slot's KV length; anything else waits in a small buffer
+(messages on different sockets may overtake each other). Single-token inputs that are ready in
+several slots at once run as one batched forward (`Stage.forward_rows`, batch-invariant).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +27,17 @@ from spd.runtime.worker import MAX_PENDING, Worker
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Slot:
+    """One request's state in this stage."""
+    rid: str = ""
+    epoch: int = -1
+    base: int = 0  # first position of the current epoch's fill
+    params: SamplingParams = field(default_factory=SamplingParams)
+    pending: dict[int, wire.Message] = field(default_factory=dict)  # pos -> input of the current epoch
+    future: list[wire.Message] = field(default_factory=list)  # inputs of epochs not opened yet
+
+
 class StageWorker(Worker):
     role = "stage"
 
@@ -31,10 +46,7 @@ class StageWorker(Worker):
         self.first, self.last = index == 1, index == topology.n
         super().__init__(topology, endpoint or topology.stages[index - 1], index, handover)
         self.stage = stage
-        self.params = SamplingParams()
-        self.base = 0
-        self.pending: dict[int, wire.Message] = {}  # pos -> input of the current epoch, waiting its turn
-        self.future: list[wire.Message] = []  # inputs of epochs not opened yet
+        self.slots: dict[int, _Slot] = {}
 
     def _routes(self) -> dict[str, str]:
         t = self.topology
@@ -44,50 +56,49 @@ class StageWorker(Worker):
     # -- message handling --------------------------------------------------------------------------
 
     def handle(self, msg: wire.Message) -> None:
+        sid = msg.slot
+        slot = self.slots.setdefault(sid, _Slot())
         if msg.kind in ("PREFILL", "RESEED", "CANCEL"):
-            if msg.epoch < self.epoch or not self.plausible(msg):
+            if msg.epoch < slot.epoch or not self.plausible(msg):
                 self.dropped["stale"] += 1
                 return
-            self._open_epoch(msg)
+            self._open_epoch(sid, slot, msg)
         elif msg.kind in ("HIDDEN", "DRAFT"):
-            if msg.epoch < self.epoch:
+            if msg.epoch < slot.epoch:
                 self.dropped["stale"] += 1
-                return
-            if msg.epoch > self.epoch:
-                self._hold(self.future, msg)
-                return
-            self.pending[msg.pos] = msg
+            elif msg.epoch > slot.epoch:
+                self._hold(slot.future, msg)
+            else:
+                slot.pending[msg.pos] = msg
         else:
             log.debug("stage %d ignores %s", self.index, msg.kind)
-            return
-        self._run_ready()
 
-    def _open_epoch(self, msg: wire.Message) -> None:
+    def _open_epoch(self, sid: int, slot: _Slot, msg: wire.Message) -> None:
         h = msg.header
-        self.rid, self.epoch = msg.rid, msg.epoch
-        self.pending = {}
+        slot.rid, slot.epoch, slot.pending = msg.rid, msg.epoch, {}
         if msg.kind == "CANCEL":
-            self.stage.truncate(0)
+            self.stage.release(sid)
             return
         if msg.kind == "PREFILL":
-            self.params = SamplingParams(**h["params"])
-            self.base = 0
-            self.stage.truncate(0)
+            slot.params = SamplingParams(**h["params"])
+            slot.base = 0
+            self.stage.truncate(0, sid)
             if self.first:
-                self.pending[0] = msg
+                slot.pending[0] = msg
         else:  # RESEED: everything from `base` on is void
-            self.base = h["base"]
-            if self.stage.kv_length < self.base:
-                raise RuntimeError(f"reseed at {self.base} but KV holds only {self.stage.kv_length} positions")
-            self.stage.truncate(self.base)
+            slot.base = h["base"]
+            if self.stage.kv_length_of(sid) < slot.base:
+                raise RuntimeError(f"slot {sid}: reseed at {slot.base} but KV holds only "
+                                   f"{self.stage.kv_length_of(sid)} positions")
+            self.stage.truncate(slot.base, sid)
             if self.first:
-                self.pending[self.base] = msg
-        waiting, self.future = self.future, []
+                slot.pending[slot.base] = msg
+        waiting, slot.future = slot.future, []
         for m in waiting:
-            if m.epoch == self.epoch:
-                self.pending[m.pos] = m
-            elif m.epoch > self.epoch:
-                self.future.append(m)
+            if m.epoch == slot.epoch:
+                slot.pending[m.pos] = m
+            elif m.epoch > slot.epoch:
+                slot.future.append(m)
 
     def _hold(self, buf: list, msg: wire.Message) -> None:
         if len(buf) >= MAX_PENDING:
@@ -95,60 +106,96 @@ class StageWorker(Worker):
             self.dropped["overflow"] += 1
         buf.append(msg)
 
-    def _run_ready(self) -> None:
-        while self.stage.kv_length in self.pending:
-            self._forward(self.pending.pop(self.stage.kv_length))
-        if len(self.pending) > MAX_PENDING:
-            self.pending.clear()
-            self.dropped["overflow"] += 1
+    def after_messages(self) -> None:
+        """Run everything that is ready: chunks alone, single tokens of several slots batched."""
+        while True:
+            ready = [(sid, slot.pending.pop(self.stage.kv_length_of(sid))) for sid, slot in self.slots.items()
+                     if self.stage.kv_length_of(sid) in slot.pending]
+            if not ready:
+                break
+            singles = [(sid, m) for sid, m in ready if _tokens_in(m) == 1]
+            for sid, m in ready:
+                if _tokens_in(m) != 1:
+                    self._forward_chunks(sid, m)
+            rows = max(self.stage.rows, 1)
+            for g in range(0, len(singles), rows):
+                self._forward_batch(singles[g:g + rows])
+        for sid, slot in self.slots.items():
+            if len(slot.pending) > MAX_PENDING:
+                slot.pending.clear()
+                self.dropped["overflow"] += 1
 
     # -- compute ----------------------------------------------------------------------------------
 
-    def _forward(self, msg: wire.Message) -> None:
-        chain = list(msg.header.get("stage_ms", [])) if msg.kind == "HIDDEN" else []
-        for pos, tokens, x in self._inputs(msg):
-            log.debug("[forward] epoch %d %s pos %d (%d tokens)", self.epoch, msg.kind, pos, len(tokens))
+    def _forward_chunks(self, sid: int, msg: wire.Message) -> None:
+        for pos, tokens, x in _inputs(msg):
+            log.debug("[forward] slot %d %s pos %d (%d tokens)", sid, msg.kind, pos, len(tokens))
             t0 = time.perf_counter()
-            out = self.stage(x, pos)
-            t_ms = 1e3 * (time.perf_counter() - t0)
-            head = {"pos": pos, "base": self.base, "tokens": tokens, "t_ms": t_ms, "stage_ms": chain + [t_ms]}
-            anchors = {f"a{b}": h for b, h in out.anchors.items()}
-            self.send(self.to_drafter, "ANCHORS", {**head, "stage": self.index, "count": len(tokens)}, anchors)
-            if self.last:
-                self._exit(head, out.logits[-1])
-            else:
-                self.send(self.to_next, "HIDDEN", head, {"h": out.hidden})
+            out = self.stage(x, pos, sid)
+            self._send_on(sid, msg, pos, tokens, out, 1e3 * (time.perf_counter() - t0), batch=1)
 
-    def _inputs(self, msg: wire.Message):
-        """(position, token ids, stage input) chunks of one message.
-
-        A PREFILL runs the prompt as one chunk and, when it re-prefills after a fault, every
-        generated token after it one at a time, exactly as they were first computed, so the rebuilt
-        KV caches are bit-identical and greedy output cannot change.
-        """
-        if msg.kind == "PREFILL":
-            ids = msg.tensors["ids"].to(torch.long)
-            split = int(msg.header.get("prompt_len", len(ids)))
-            yield 0, ids[:split].tolist(), ids[:split]
-            for pos in range(split, len(ids)):
-                yield pos, [int(ids[pos])], ids[pos:pos + 1]
-        elif msg.kind in ("RESEED", "DRAFT"):
-            token = int(msg.header["token"])
-            yield msg.pos, [token], torch.tensor([token])
+    def _forward_batch(self, group: list[tuple[int, wire.Message]]) -> None:
+        inputs = [(sid, *next(_inputs(m))) for sid, m in group]  # (slot, pos, tokens, x)
+        t0 = time.perf_counter()
+        if len(group) == 1:
+            sid, pos, _, x = inputs[0]
+            outs = [self.stage(x, pos, sid)]
         else:
-            yield msg.pos, list(msg.header["tokens"]), msg.tensors["h"].clone()
+            outs = self.stage.forward_rows([(sid, x, pos) for sid, pos, _, x in inputs])
+        t_ms = 1e3 * (time.perf_counter() - t0)
+        for (sid, msg), (_, pos, tokens, _), out in zip(group, inputs, outs):
+            self._send_on(sid, msg, pos, tokens, out, t_ms, batch=len(group))
 
-    def _decided(self, logits: torch.Tensor, position: int) -> int:
-        return choose(logits, self.params, position)[0] if self.params.decided else int(torch.argmax(logits))
+    def _send_on(self, sid: int, msg: wire.Message, pos: int, tokens: list[int], out, t_ms: float, batch: int) -> None:
+        slot = self.slots[sid]
+        chain = list(msg.header.get("stage_ms", [])) if msg.kind == "HIDDEN" else []
+        batches = list(msg.header.get("batch", [])) if msg.kind == "HIDDEN" else []
+        head = {"rid": slot.rid, "epoch": slot.epoch, "slot": sid, "pos": pos, "base": slot.base, "tokens": tokens,
+                "t_ms": t_ms, "stage_ms": chain + [t_ms], "batch": batches + [batch]}
+        anchors = {f"a{b}": h for b, h in out.anchors.items()}
+        self.send(self.to_drafter, "ANCHORS", {**head, "stage": self.index, "count": len(tokens)}, anchors)
+        if self.last:
+            self._exit(slot, head, out.logits[-1])
+        else:
+            self.send(self.to_next, "HIDDEN", head, {"h": out.hidden})
 
-    def _exit(self, head: dict, logits: torch.Tensor) -> None:
+    def _exit(self, slot: _Slot, head: dict, logits: torch.Tensor) -> None:
         """The exiting token's distribution, compactly: the decided token (greedy: argmax; gumbel:
         argmax(log p + G)), plus the processed support for rejection sampling."""
         pos = head["pos"] + len(head["tokens"]) - 1  # the last position of this input
-        summary = {**head, "pos": pos, "argmax": self._decided(logits, pos + 1)}
+        params = slot.params
+        decided = choose(logits, params, pos + 1)[0] if params.decided else int(torch.argmax(logits))
+        summary = {**head, "pos": pos, "argmax": decided}
         tensors = None
-        if not self.params.decided:  # rejection sampling needs the whole processed distribution
-            p = process(logits, self.params)
+        if not params.decided:  # rejection sampling needs the whole processed distribution
+            p = process(logits, params)
             ids = torch.nonzero(p).flatten()
             tensors = {"ids": ids.to(torch.int32), "probs": p[ids]}
         self.send(self.to_next, "EXIT", summary, tensors)
+
+
+def _tokens_in(msg: wire.Message) -> int:
+    """How many positions a message's input covers."""
+    if msg.kind == "PREFILL":
+        return len(msg.tensors["ids"])
+    return 1 if msg.kind in ("RESEED", "DRAFT") else len(msg.header["tokens"])
+
+
+def _inputs(msg: wire.Message):
+    """(position, token ids, stage input) chunks of one message.
+
+    A PREFILL runs the prompt as one chunk and, when it re-prefills after a fault, every generated
+    token after it one at a time, exactly as they were first computed, so the rebuilt KV caches are
+    bit-identical and greedy output cannot change.
+    """
+    if msg.kind == "PREFILL":
+        ids = msg.tensors["ids"].to(torch.long)
+        split = int(msg.header.get("prompt_len", len(ids)))
+        yield 0, ids[:split].tolist(), ids[:split]
+        for pos in range(split, len(ids)):
+            yield pos, [int(ids[pos])], ids[pos:pos + 1]
+    elif msg.kind in ("RESEED", "DRAFT"):
+        token = int(msg.header["token"])
+        yield msg.pos, [token], torch.tensor([token])
+    else:
+        yield msg.pos, list(msg.header["tokens"]), msg.tensors["h"].clone()

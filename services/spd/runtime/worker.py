@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.5  # heartbeat period
 POLL_MS = 100  # inbox poll: bounds how late a stop flag is noticed
 MAX_PENDING = 4096  # buffered future-epoch / out-of-order messages
+MAX_DRAIN = 256  # messages handled before computing what is ready
 
 
 class Worker:
@@ -46,6 +47,7 @@ class Worker:
         self.stop = False
         self.dropped = {"malformed": 0, "stale": 0, "overflow": 0, "protocol": 0}
         self.rid, self.epoch = "", -1
+        self._routes_epoch = -1  # epoch of the PREFILL whose routes this worker follows
         self._connected: dict[str, str] = {}  # attribute name of a PUSH socket -> endpoint it is connected to
         self._connect()
         self._beats = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
@@ -101,30 +103,48 @@ class Worker:
             self.close()
 
     def _serve(self) -> None:
-        """Heartbeats on, then handle inbox messages until the stop flag is set."""
+        """Heartbeats on, then handle inbox messages until the stop flag is set. Everything already
+        queued is handled before `after_messages` computes, so inputs of several requests that are
+        ready together can run as one batch."""
         self._beats.start()
         while not self.stop:
-            try:
-                msg = wire.recv(self.inbox, POLL_MS)
-            except wire.WireError as e:
-                self.dropped["malformed"] += 1
-                log.warning("[drop] malformed message (%s); %d so far", e, self.dropped["malformed"])
-                continue
-            if msg is not None:
-                self._dispatch(msg)
+            msg, handled = self._recv(POLL_MS), 0
+            while msg is not None:
+                self._guarded(self._route_and_handle, msg)
+                handled += 1
+                msg = self._recv(0) if handled < MAX_DRAIN and not self.stop else None
+            if handled:
+                self._guarded(lambda _: self.after_messages(), None)
         self._beats.join(timeout=2 * HEARTBEAT_S)
 
-    def _dispatch(self, msg: wire.Message) -> None:
+    def _recv(self, timeout_ms: int) -> wire.Message | None:
         try:
-            if msg.kind == "PREFILL" and "routes" in msg.header and msg.epoch > self.epoch and wire.plausible_epoch(msg.epoch):
-                self.reroute(msg.header["routes"])
-            self.handle(msg)
+            return wire.recv(self.inbox, timeout_ms)
+        except wire.WireError as e:
+            self.dropped["malformed"] += 1
+            log.warning("[drop] malformed message (%s); %d so far", e, self.dropped["malformed"])
+            return None
+
+    def _route_and_handle(self, msg: wire.Message) -> None:
+        if (msg.kind == "PREFILL" and "routes" in msg.header and msg.epoch > self._routes_epoch
+                and wire.plausible_epoch(msg.epoch)):
+            self.reroute(msg.header["routes"])
+            self._routes_epoch = msg.epoch
+        self.handle(msg)
+
+    def _guarded(self, fn, msg: wire.Message | None) -> None:
+        try:
+            fn(msg)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
             self.dropped["protocol"] += 1
-            log.error("[protocol] %s %d dropped %s pos %s: %s", self.role, self.index, msg.kind, msg.header.get("pos"), e)
+            where = f"{msg.kind} slot {msg.header.get('slot', 0)} pos {msg.header.get('pos')}" if msg else "compute"
+            log.error("[protocol] %s %d dropped %s: %s", self.role, self.index, where, e)
 
     def handle(self, msg: wire.Message) -> None:
         raise NotImplementedError
+
+    def after_messages(self) -> None:
+        """Called once the queued messages are handled (stages compute here)."""
 
     def plausible(self, control: wire.Message) -> bool:
         """A control message may open its epoch only if that epoch is not from the far future."""

@@ -13,24 +13,33 @@ from spd.core.stage import StageOutput
 
 
 class ZeroComputeStage:
-    def __init__(self, index: int, n: int, hidden: int, vocab: int):
+    def __init__(self, index: int, n: int, hidden: int, vocab: int, rows: int = 1):
         self.is_first, self.is_last = index == 1, index == n
-        self.hidden_size, self.vocab = hidden, vocab
+        self.hidden_size, self.vocab, self.rows = hidden, vocab, rows
         self.layer_ids = [index - 1]
-        self._length = 0
+        self._lengths: dict[int, int] = {}  # slot -> KV length
 
     @property
     def kv_length(self) -> int:
-        return self._length
+        return self.kv_length_of(0)
 
-    def truncate(self, length: int) -> None:
-        self._length = min(self._length, length)
+    def kv_length_of(self, slot: int) -> int:
+        return self._lengths.get(slot, 0)
 
-    def __call__(self, x: torch.Tensor, start: int) -> StageOutput:
-        if start != self._length:
-            raise RuntimeError(f"zero stage: KV length {self._length} != position {start}")
+    def truncate(self, length: int, slot: int = 0) -> None:
+        self._lengths[slot] = min(self.kv_length_of(slot), length)
+
+    def release(self, slot: int) -> None:
+        self._lengths.pop(slot, None)
+
+    def forward_rows(self, batch: list[tuple[int, torch.Tensor, int]]) -> list[StageOutput]:
+        return [self(x, start, slot) for slot, x, start in batch]
+
+    def __call__(self, x: torch.Tensor, start: int, slot: int = 0) -> StageOutput:
+        if start != self.kv_length_of(slot):
+            raise RuntimeError(f"zero stage: KV length {self.kv_length_of(slot)} != position {start}")
         T = x.shape[0]
-        self._length += T
+        self._lengths[slot] = start + T
         if self.is_first:
             h = torch.zeros(T, self.hidden_size)
             h[:, 0] = x.float()  # h: [T, d], the token id rides along

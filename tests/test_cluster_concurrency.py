@@ -1,0 +1,105 @@
+"""Many requests through one `spd up` pipeline (--max-concurrency 4): every request's tokens are
+exactly its solo output, requests join a running pipeline without waiting for it to drain, and a
+stage killed with four requests in flight costs none of them a token.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cluster_util import address, pid_of, running_cluster, supervised
+from spd.core.sampling import SamplingParams
+from spd.core.stopping import StopRule, eos_ids_of
+from spd.core.target import ar_generate
+from spd.local import PipelineConfig, build_local
+from spd.models.loading import resolve_model
+from spd.models.tiny import make_tiny_model
+from spd.text import encode_prompt
+from spd_client import SPDClient
+
+S = 4  # --max-concurrency: slots per worker, the stages' fixed batch shape
+WORK = [("hello there", 40), ("tell me a story about the sea", 64), ("why is the sky blue?", 24),
+        ("write a haiku about rain", 52)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("many") / "tiny", "llama", vocab_size=49152, num_layers=6,
+                           hidden_size=64, tokenizer_from=resolve_model(None), init_std=0.5)
+
+
+@pytest.fixture(scope="module")
+def solo(model_dir):
+    """Each request's output alone, in process, with the stages at the same batch shape."""
+    local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
+    for stage in local.stages:
+        stage.rows = S
+    eos = eos_ids_of(local.tokenizer, local.config)
+    return [ar_generate(local.stages, encode_prompt(local.tokenizer, p), SamplingParams(), StopRule(m, eos)).token_ids
+            for p, m in WORK]
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir, tmp_path_factory):
+    with running_cluster(tmp_path_factory.mktemp("many-logs"), n=3, model=str(model_dir), draft="random",
+                         max_concurrency=S) as c:
+        with supervised(c):
+            yield c
+
+
+def _stream(cluster, prompt: str, max_tokens: int, on_token=None) -> tuple[list[int], dict, list[float]]:
+    tokens, stats, stamps = [], {}, []
+    with SPDClient(address(cluster), timeout=180, retries=0) as client:
+        for chunk in client.stream(prompt, max_tokens=max_tokens):
+            tokens += chunk.token_ids
+            stats = chunk.stats or stats
+            stamps.append(time.monotonic())
+            if on_token:
+                on_token(len(tokens))
+    return tokens, stats, stamps
+
+
+def test_concurrent_requests_joining_at_different_times_each_equal_their_solo_output(cluster, solo):
+    with ThreadPoolExecutor(len(WORK)) as pool:
+        futures = []
+        for i, (prompt, max_tokens) in enumerate(WORK):
+            futures.append(pool.submit(_stream, cluster, prompt, max_tokens))
+            time.sleep(0.3 * (i % 2))  # some join a pipeline that is already decoding
+        results = [f.result() for f in futures]
+    assert [tokens for tokens, _, _ in results] == solo
+    assert max(max(stats["batch"]) for _, stats, _ in results) > 1  # tokens of several requests shared forwards
+
+
+def test_a_request_arriving_while_three_decode_gets_its_first_token_before_they_finish(cluster, solo):
+    started = threading.Barrier(4)
+    with ThreadPoolExecutor(3) as pool:
+        long_runs = [pool.submit(_stream, cluster, WORK[1][0], WORK[1][1], lambda k: k == 3 and started.wait(60))
+                     for _ in range(3)]
+        started.wait(60)  # all three are decoding
+        tokens, _, stamps = _stream(cluster, *WORK[2])
+        others = [f.result() for f in long_runs]
+    assert tokens == solo[2]
+    assert all(t == solo[1] for t, _, _ in others)
+    assert stamps[0] < min(s[-1] for _, _, s in others), "the newcomer waited for the running requests to finish"
+
+
+def test_a_stage_killed_with_four_requests_streaming_costs_none_of_them_a_token(cluster, solo):
+    killed = threading.Event()
+
+    def kill_once(count: int) -> None:
+        if count == 10 and not killed.is_set():
+            killed.set()
+            os.kill(pid_of(cluster, "stage-2"), signal.SIGKILL)
+
+    with ThreadPoolExecutor(len(WORK)) as pool:
+        futures = [pool.submit(_stream, cluster, p, m, kill_once if i == 1 else None) for i, (p, m) in enumerate(WORK)]
+        results = [f.result() for f in futures]
+    assert killed.is_set()
+    assert [tokens for tokens, _, _ in results] == solo
+    assert results[1][1]["recoveries"] >= 1
