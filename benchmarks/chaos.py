@@ -14,7 +14,11 @@ Reported per scenario: trials, completed, token-identical to the fault-free outp
 Every process of the cluster shares this machine's cores, so a re-prefill here costs about n times
 what it costs with one device per stage; the stall is measured as it is, not projected.
 
-    spd bench chaos [--trials 20] [--n 5] [--tokens 48] [--spares 0,1] [--out benchmarks/results/chaos.json]
+With `--concurrent R`, every trial streams R requests at once through a `--max-concurrency R`
+pipeline (the faults ride on the first one) and counts as completed / identical only if all R are.
+
+    spd bench chaos [--trials 20] [--n 5] [--tokens 48] [--spares 0,1] [--concurrent 1]
+                    [--out benchmarks/results/chaos.json]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import random
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -33,7 +38,10 @@ from cluster_util import address, pid_of, running_cluster, supervised, wait_for 
 
 from spd_client import SPDClient  # noqa: E402
 
-PROMPT = "Tell me a long story about a lighthouse keeper and a storm."
+PROMPTS = ["Tell me a long story about a lighthouse keeper and a storm.",
+           "Describe a busy market in a small town, in detail.",
+           "Write a letter from a sailor to his sister about the sea.",
+           "Explain how bread is made, step by step, as a story."]
 SCENARIOS = ("stage", "drafter", "stage-twice", "stage-hung", "drafter+stage")
 
 
@@ -53,11 +61,12 @@ def settled(cluster, spares: int) -> bool:
     return cluster.healthy() and idle == spares
 
 
-def trial(cluster, faults: dict, tokens: int, expected: list[int]) -> dict:
+def stream(cluster, prompt: str, tokens: int, faults: dict) -> dict:
+    """One stream; `faults` (token index -> [(role, signal)]) are injected as its tokens arrive."""
     got, stamps, error, stats = [], [], None, {}
     try:
         with SPDClient(address(cluster), timeout=300, retries=0) as client:
-            for i, chunk in enumerate(client.stream(PROMPT, max_tokens=tokens)):
+            for i, chunk in enumerate(client.stream(prompt, max_tokens=tokens)):
                 got += chunk.token_ids
                 stats = chunk.stats or stats
                 stamps.append(time.perf_counter())
@@ -66,9 +75,20 @@ def trial(cluster, faults: dict, tokens: int, expected: list[int]) -> dict:
     except Exception as e:  # a failed trial is a result, not a crash of the benchmark
         error = repr(e)
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"faults": {i: [r for r, _ in f] for i, f in faults.items()}, "completed": error is None,
-            "identical": got == expected, "stall_s": max(gaps) if gaps else None,
-            "recoveries": stats.get("recoveries"), "error": error}
+    return {"tokens": got, "error": error, "stall_s": max(gaps) if gaps else None, "recoveries": stats.get("recoveries")}
+
+
+def trial(cluster, faults: dict, tokens: int, expected: list[list[int]]) -> dict:
+    """len(expected) concurrent streams; the faults ride on the first one's tokens."""
+    with ThreadPoolExecutor(len(expected)) as pool:
+        runs = list(pool.map(lambda i: stream(cluster, PROMPTS[i], tokens, faults if i == 0 else {}),
+                             range(len(expected))))
+    stalls = [r["stall_s"] for r in runs if r["stall_s"] is not None]
+    return {"faults": {i: [r for r, _ in f] for i, f in faults.items()},
+            "completed": all(r["error"] is None for r in runs),
+            "identical": all(r["tokens"] == e for r, e in zip(runs, expected)),
+            "stall_s": max(stalls) if stalls else None, "recoveries": runs[0]["recoveries"],
+            "error": next((r["error"] for r in runs if r["error"]), None)}
 
 
 def quantile(xs: list[float], q: float) -> float | None:
@@ -78,11 +98,10 @@ def quantile(xs: list[float], q: float) -> float | None:
 
 def run_cluster(args, spares: int) -> dict:
     rng = random.Random(args.seed)  # the same trials for every spare count
-    logs = Path("runs/bench-logs/chaos") / f"spares{spares}"
-    with running_cluster(logs, n=args.n, spares=spares) as cluster, supervised(cluster):
+    logs = Path("runs/bench-logs/chaos") / f"spares{spares}-r{args.concurrent}"
+    with running_cluster(logs, n=args.n, spares=spares, max_concurrency=args.concurrent) as cluster, supervised(cluster):
         with SPDClient(address(cluster), timeout=300) as client:
-            reference = client.generate(PROMPT, max_tokens=args.tokens)
-        expected = reference.token_ids
+            expected = [client.generate(p, max_tokens=args.tokens).token_ids for p in PROMPTS[:args.concurrent]]
         calm = trial(cluster, {}, args.tokens, expected)
         rows = []
         for scenario in SCENARIOS:
@@ -118,11 +137,14 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=5, help="pipeline stages (default 5)")
     ap.add_argument("--tokens", type=int, default=48, help="max_tokens per trial (default 48)")
     ap.add_argument("--spares", default="0,1", help="spare counts to compare, comma-separated (default 0,1)")
+    ap.add_argument("--concurrent", type=int, default=1, help="streams per trial, in a --max-concurrency "
+                    "pipeline of that size (default 1); faults ride on the first stream")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/chaos.json")
     args = ap.parse_args()
     runs = [run_cluster(args, int(k)) for k in args.spares.split(",")]
     out = {"model": "SmolLM2-135M-Instruct (embedded default), shipped PDM", "n": args.n, "tokens": args.tokens,
+           "concurrent": args.concurrent,
            "cores": os.cpu_count(), "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

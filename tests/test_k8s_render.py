@@ -287,6 +287,7 @@ def test_container_args_parse_with_the_real_cli_after_env_expansion(variant):
             args = [re.sub(r"\$\(([A-Z_]+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
             ns = _parser().parse_args(args)
             assert ns.command == c["name"]
+            assert ns.max_concurrency == cfg.max_concurrency  # one value for the stages' shape and the slots
             if c["name"] == "stage":
                 assert ns.index is None and ns.of == cfg.n  # the index comes from the pod's hostname
             if c["name"] == "spare":

@@ -27,6 +27,7 @@ def _config_args(p) -> None:
                    help="default bfloat16 on GPU, float32 on cpu")
     p.add_argument("--cluster-domain", default="cluster.local")
     p.add_argument("--no-namespace", action="store_true", help="do not render the Namespace object")
+    p.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once (default 1)")
     p.add_argument("--spares", type=int, default=0, help="warm spare pods that take over a dead stage or drafter "
                    "(default 0)")
 
@@ -84,7 +85,8 @@ def render_config(args):
                         weights=args.weights or "", weights_claim=args.weights_claim,
                         weights_image=args.weights_image, model_dir=args.model_dir, draft_dir=args.draft_dir,
                         split=args.split, schedule=args.schedule, dtype=args.dtype,
-                        cluster_domain=args.cluster_domain, create_namespace=not args.no_namespace, spares=args.spares)
+                        cluster_domain=args.cluster_domain, create_namespace=not args.no_namespace, spares=args.spares,
+                        max_concurrency=args.max_concurrency)
 
 
 def _objects(args) -> list[dict]:

@@ -79,6 +79,7 @@ class RenderConfig:
     cluster_domain: str = "cluster.local"
     create_namespace: bool = True
     gpu_toleration: bool = True  # tolerate the usual nvidia.com/gpu NoSchedule taint of GPU nodes
+    max_concurrency: int = 1  # requests decoding at once (slots in every worker, the stages' batch shape)
     spares: int = 0  # warm spare pods (`spd spare`) that take over a dead stage's or the drafter's role
     worker_resources: Resources | None = None  # None = the GPU or CPU default
     orchestrator_resources: Resources | None = None
@@ -96,6 +97,8 @@ class RenderConfig:
             raise ValueError(f"weights must be pvc or image, got {c.weights!r}")
         if c.schedule not in ("pre", "post"):
             raise ValueError(f"schedule must be pre or post, got {c.schedule!r}")
+        if not 1 <= c.max_concurrency <= 64:
+            raise ValueError(f"max_concurrency must be in 1..64, got {c.max_concurrency}")
         if not 0 <= c.spares <= 16:
             raise ValueError(f"spares must be in 0..16, got {c.spares}")
         if c.cpu and c.worker_resources.gpus:
@@ -177,6 +180,7 @@ def config_data(c: RenderConfig) -> dict:
         "SPD_DEVICE": "cpu" if c.cpu else "cuda:0",  # the pod's one GPU
         "SPD_THREADS": str(c.threads),
         "SPD_QUEUE_SIZE": str(c.queue_size),
+        "SPD_MAX_CONCURRENCY": str(c.max_concurrency),
         "SPD_WORKER_WAIT": str(c.worker_wait_s),
         "SPD_LOG_LEVEL": c.log_level,
         # a read-only root filesystem: everything writable lives on the /tmp emptyDir; no hub access
@@ -211,7 +215,8 @@ def _worker_args(c: RenderConfig, role: str) -> list[str]:
         args += ["--of", "$(SPD_N)"]  # --index: the pod's StatefulSet ordinal + 1 (spd stage reads HOSTNAME)
     return args + ["--device", "$(SPD_DEVICE)", "--model", "$(SPD_MODEL_DIR)", "--draft", "$(SPD_DRAFT_DIR)",
                    "--split", "$(SPD_SPLIT)", "--dtype", "$(SPD_DTYPE)", "--threads", "$(SPD_THREADS)",
-                   "--health-port", str(HEALTH_PORT), "--health-host", "0.0.0.0"]
+                   "--max-concurrency", "$(SPD_MAX_CONCURRENCY)", "--health-port", str(HEALTH_PORT),
+                   "--health-host", "0.0.0.0"]
 
 
 def _pod_spec(c: RenderConfig, containers: list[dict], gpu: bool) -> dict:
@@ -350,7 +355,7 @@ def render(config: RenderConfig) -> list[dict]:
     # orchestrator still accepts TCP connections, so a socket probe would never catch it).
     orch_args = ["orchestrator", "--model", "$(SPD_MODEL_DIR)", "--port", str(GRPC_PORT), "--host", "0.0.0.0",
                  "--metrics-port", str(METRICS_PORT), "--schedule", "$(SPD_SCHEDULE)", "--queue-size", "$(SPD_QUEUE_SIZE)",
-                 "--worker-wait", "$(SPD_WORKER_WAIT)"]
+                 "--worker-wait", "$(SPD_WORKER_WAIT)", "--max-concurrency", "$(SPD_MAX_CONCURRENCY)"]
     orch_probes = {
         "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 60},
         "readinessProbe": {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
