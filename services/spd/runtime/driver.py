@@ -12,23 +12,21 @@ new epoch (with the routes, so every worker sends to the replacement) and contin
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass
 
-import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from spd import wire
-from spd.core.verifier import Verdict, Verifier
 from spd.runtime import metrics
-from spd.runtime.jobs import Job
 from spd.runtime.curve import secure
+from spd.runtime.jobs import Job
 from spd.runtime.registry import Registry
+from spd.runtime.request import Fault, Run, Unavailable
 from spd.runtime.topology import Topology, bind_endpoint
 
 log = logging.getLogger(__name__)
@@ -45,10 +43,6 @@ class DriverConfig:
     progress_timeout_s: float = 20.0  # no commit for this long (plus prefill allowance) -> recovery
     max_recoveries: int = 3  # per request; then UNAVAILABLE
     max_concurrency: int = 1  # requests decoding at once, each in its own slot of every worker
-
-
-class _Fault(Exception):
-    """A worker died or stalled: recover by re-prefilling."""
 
 
 class Driver:
@@ -71,7 +65,7 @@ class Driver:
         self.routes = topology  # where each role listens now (a spare's endpoint once it took over)
         self._set_routes(topology)
         self._restarted = False
-        self.runs: dict[int, _Run] = {}  # slot -> the request decoding in it
+        self.runs: dict[int, Run] = {}  # slot -> the request decoding in it
 
     # -- sockets and routes ---------------------------------------------------------------------
 
@@ -182,13 +176,13 @@ class Driver:
                 continue
             try:
                 self._await_workers([job])
-            except _Unavailable as e:
+            except Unavailable as e:
                 self._fail(job, "unavailable", "UNAVAILABLE", str(e))
                 continue
             if not self.runs:  # nothing in flight: a restart heard while waiting needs no recovery
                 self.take_restart()
             slot = min(set(range(self.cfg.max_concurrency)) - set(self.runs))
-            run = self.runs[slot] = _Run(self, job, slot)
+            run = self.runs[slot] = Run(self, job, slot)
             metrics.RUNNING.set(len(self.runs))
             self._guard(run, run.start)
 
@@ -198,31 +192,31 @@ class Driver:
         msg = self._poll(20)
         try:
             if self.take_restart():
-                raise _Fault("a worker restarted")
+                raise Fault("a worker restarted")
             missing = self.registry.missing(need_drafter=False)
             if missing:
-                raise _Fault(f"{', '.join(missing)} stopped sending heartbeats")
+                raise Fault(f"{', '.join(missing)} stopped sending heartbeats")
             run = self.runs.get(_slot_of(msg)) if msg is not None and msg.kind in ("DRAFT", "EXIT") else None
             if run is not None and msg.rid == run.job.rid and msg.epoch == run.epoch:
                 self._guard(run, run.on_message, msg)
             for run in list(self.runs.values()):
                 self._guard(run, run.tick)
-        except _Fault as e:
+        except Fault as e:
             self._recover(str(e))
 
-    def _guard(self, run: "_Run", fn, *args) -> None:
+    def _guard(self, run: "Run", fn, *args) -> None:
         """Run one request's step; an error in it ends that request only (faults propagate)."""
         try:
             fn(*args)
-        except _Fault:
+        except Fault:
             raise
-        except _Unavailable as e:
+        except Unavailable as e:
             self.end(run, "unavailable", ("UNAVAILABLE", str(e)))
         except Exception as e:  # never let one request take the driver down
             log.exception("[fail] request %s", run.job.rid)
             self.end(run, "error", ("INTERNAL", f"internal error: {e}"))
 
-    def end(self, run: "_Run", outcome: str, error: tuple[str, str] | None = None) -> None:
+    def end(self, run: "Run", outcome: str, error: tuple[str, str] | None = None) -> None:
         """A request is over (done, cancelled or failed): free its slot everywhere."""
         if self.runs.get(run.slot) is not run:
             return
@@ -251,7 +245,7 @@ class Driver:
         log.warning("[recover] %s; re-prefilling %d running request(s)", why, len(self.runs))
         try:
             self._await_workers([run.job for run in self.runs.values()])
-        except _Unavailable as e:
+        except Unavailable as e:
             for run in list(self.runs.values()):
                 self.end(run, "unavailable", ("UNAVAILABLE", str(e)))
             return
@@ -265,7 +259,7 @@ class Driver:
         deadline = time.monotonic() + self.cfg.worker_wait_s
         while self.registry.missing(need_drafter=False):
             if time.monotonic() > deadline or all(job.cancelled.is_set() for job in jobs):
-                raise _Unavailable(f"pipeline incomplete: {', '.join(self.registry.missing(False))} not running")
+                raise Unavailable(f"pipeline incomplete: {', '.join(self.registry.missing(False))} not running")
             self._poll(100)
 
     # -- messaging ------------------------------------------------------------------------------
@@ -303,160 +297,9 @@ class Driver:
         return restarted
 
 
-class _Unavailable(Exception):
-    pass
-
-
 def _slot_of(msg: wire.Message) -> int | None:
     try:
         return msg.slot
     except wire.WireError:
         metrics.MALFORMED.inc()
         return None
-
-
-class _Run:
-    """The state of one request inside the driver: its slot, epoch, verifier and exits."""
-
-    def __init__(self, driver: Driver, job: Job, slot: int):
-        self.d, self.job, self.slot, cfg = driver, job, slot, driver.cfg
-        P = len(job.prompt_ids)
-        max_new = min(job.stop.max_tokens, cfg.context - P + 1)
-        self.verifier = Verifier(job.prompt_ids, job.params, job.stop, max_new, driver.n)
-        self.draft_limit = min(P + max_new, cfg.context)  # drafts may take positions < this
-        self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
-        self.epoch = 0  # this request's current epoch (its last PREFILL / RESEED)
-        self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
-        self.stats = {"n": driver.n, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0, "drafts": 0,
-                      "stage_ms": [0.0] * driver.n, "batch": [0.0] * driver.n,
-                      "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
-        self.t0 = time.monotonic()
-        self.t_first = None
-        self.last_commit = None
-        self.last_accept = False
-        self.cycle_ms: list[float] = []  # steady-state cycle times (accept after accept)
-
-    def _broadcast(self, kind: str, header: dict, tensors=None) -> None:
-        self.epoch = self.d.broadcast(kind, {"rid": self.job.rid, "slot": self.slot, **header}, tensors)
-
-    def start(self) -> None:
-        self._prefill(self.job.prompt_ids)
-
-    def _prefill(self, ids: list[int], prompt_len: int | None = None) -> None:
-        params = dataclasses.asdict(self.job.params)
-        self.fill_start = len(ids)
-        self._broadcast("PREFILL", {"base": 0, "params": params, "prompt_len": prompt_len or len(ids),
-                                    "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit,
-                                    "routes": self.d.routes.to_dict()},
-                        {"ids": torch.tensor(ids, dtype=torch.int64)})
-        self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
-
-    def reprefill(self) -> None:
-        """After a fault: re-prefill the committed prefix under a new epoch."""
-        log.warning("[recover] %s: re-prefilling %d committed tokens", self.job.rid, len(self.verifier.tokens))
-        self.verifier.drafts = {}
-        self.verifier._reseeded = True
-        self.exits = {}
-        self._prefill(self.verifier.tokens, prompt_len=len(self.job.prompt_ids))
-
-    def on_message(self, msg: wire.Message) -> None:
-        """A DRAFT or EXIT of this request's current epoch."""
-        if msg.kind == "DRAFT":
-            self._offer(msg)
-        else:
-            self.exits[msg.pos] = (msg, time.monotonic())
-
-    def tick(self) -> None:
-        """Judge every exit that can be judged now; a stalled request raises a fault."""
-        if self.job.cancelled.is_set():
-            self._finish("cancelled")
-            return
-        while (nxt := self.exits.get(len(self.verifier.tokens) - 1)) is not None and self._judgeable(*nxt):
-            if self._judge(nxt[0]):
-                return
-        if time.monotonic() - self.progress > self.d.cfg.progress_timeout_s:
-            missing = self.d.registry.missing(need_drafter=False)
-            raise _Fault(f"{self.job.rid}: no progress for {self.d.cfg.progress_timeout_s:.0f} s" +
-                         (f" ({', '.join(missing)} down)" if missing else ""))
-
-    def _offer(self, msg: wire.Message) -> None:
-        q = None
-        if "ids" in msg.tensors:
-            q = torch.zeros(self.d.cfg.vocab_size)
-            q[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
-        self.verifier.offer(msg.pos, int(msg.header["token"]), q)
-        self.stats["draft_ms"] += msg.header.get("t_ms", 0.0)
-        self.stats["drafts"] += 1
-        metrics.PHASE_MS.labels("draft").observe(msg.header.get("t_ms", 0.0))
-
-    def _judgeable(self, exit: wire.Message, seen: float) -> bool:
-        """Judge now, or wait a little for the draft that will arrive for this position?"""
-        judged = exit.pos + 1
-        if judged in self.verifier.drafts or judged <= self.fill_start:
-            return True
-        expect = (self.d.registry.alive("drafter") and self.verifier.wants_draft(judged, self.d.cfg.context)
-                  and not (self.d.cfg.schedule == "post" and self.d.n == 1))
-        return not expect or time.monotonic() - seen > self.d.cfg.draft_wait_s
-
-    def _judge(self, msg: wire.Message) -> bool:
-        del self.exits[msg.pos]
-        p = None
-        if "ids" in msg.tensors:
-            p = torch.zeros(self.d.cfg.vocab_size)
-            p[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
-        t0 = time.perf_counter()
-        v = self.verifier.judge(msg.pos, p=p, argmax=int(msg.header["argmax"]))
-        self.stats["verify_ms"] += 1e3 * (time.perf_counter() - t0)
-        metrics.PHASE_MS.labels("verify").observe(1e3 * (time.perf_counter() - t0))
-        for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
-            self.stats["stage_ms"][j] += ms
-            metrics.PHASE_MS.labels(f"stage{j + 1}").observe(ms)
-        for j, rows in enumerate(msg.header.get("batch", [])[: self.d.n]):
-            self.stats["batch"][j] += rows
-            metrics.BATCH.observe(rows)
-        self._commit(v)
-        if v.finish:
-            self._finish(v.finish)
-            return True
-        if v.reseed:
-            self.stats["flushes"] += v.accepted is False
-            if v.accepted is False:
-                metrics.FLUSHES.inc()
-                log.info("[flush] %s: reject at %d (draft %s, target %d)", self.job.rid, v.position, v.draft, v.token)
-            self.fill_start = v.position
-            self.exits = {}
-            self._broadcast("RESEED", {"pos": v.position, "base": v.position, "token": v.token})
-        return False
-
-    def _commit(self, v: Verdict) -> None:
-        now = time.monotonic()
-        if self.t_first is None:
-            self.t_first = now
-        elif self.last_accept and v.accepted:
-            self.cycle_ms.append(1e3 * (now - self.last_commit))
-            metrics.CYCLE_MS.observe(self.cycle_ms[-1])
-        self.last_commit, self.last_accept, self.progress = now, bool(v.accepted), now
-        metrics.COMMITS.inc()
-        metrics.ACCEPTS.inc(v.accepted is True)
-        metrics.REJECTS.inc(v.accepted is False)
-        self.job.emit("token", v.token)
-
-    def _finish(self, reason: str) -> None:
-        v, now = self.verifier, time.monotonic()
-        first = self.t_first or now
-        N, K = len(v.generated), v.cycles
-        decode_s = now - first
-        self.stats.update(generated_tokens=N, cycles=K, accepts=v.accepts, rejects=v.rejects,
-                          alpha=N / K if K else 0.0, theoretical_speedup=self.d.n * N / K if K else 0.0,
-                          prefill_ms=1e3 * (first - self.t0), ttft_ms=1e3 * (first - self.t0) + self.stats["queue_ms"],
-                          decode_ms=1e3 * decode_s, tokens_per_s=(N - 1) / decode_s if N > 1 and decode_s > 0 else 0.0)
-        if self.cycle_ms:
-            ordered = sorted(self.cycle_ms)
-            self.stats.update(cycle_ms_p50=ordered[len(ordered) // 2],
-                              cycle_ms_p99=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
-        exits = max(1, N)  # each commit came from one exiting token
-        self.stats["stage_ms"] = [ms / exits for ms in self.stats["stage_ms"]]
-        self.stats["batch"] = [rows / exits for rows in self.stats["batch"]]  # mean batch its tokens ran in
-        metrics.CYCLES.inc(K)
-        self.job.emit("done", reason, self.stats)
-        self.d.end(self, "cancelled" if reason == "cancelled" else "ok")

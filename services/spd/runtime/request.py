@@ -1,0 +1,177 @@
+"""One request inside the orchestrator's driver: its slot, epoch, verifier and the exits it waits
+for; it turns EXITs into commits, rejections into RESEEDs, and faults into a re-prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from spd import wire
+from spd.core.verifier import Verdict, Verifier
+from spd.runtime import metrics
+from spd.runtime.jobs import Job
+
+if TYPE_CHECKING:
+    from spd.runtime.driver import Driver
+
+log = logging.getLogger(__name__)
+
+
+class Fault(Exception):
+    """A worker died or stalled: recover by re-prefilling."""
+
+
+class Unavailable(Exception):
+    pass
+
+
+class Run:
+    """The state of one request inside the driver: its slot, epoch, verifier and exits."""
+
+    def __init__(self, driver: Driver, job: Job, slot: int):
+        self.d, self.job, self.slot, cfg = driver, job, slot, driver.cfg
+        P = len(job.prompt_ids)
+        max_new = min(job.stop.max_tokens, cfg.context - P + 1)
+        self.verifier = Verifier(job.prompt_ids, job.params, job.stop, max_new, driver.n)
+        self.draft_limit = min(P + max_new, cfg.context)  # drafts may take positions < this
+        self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
+        self.epoch = 0  # this request's current epoch (its last PREFILL / RESEED)
+        self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
+        self.stats = {"n": driver.n, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0, "drafts": 0,
+                      "stage_ms": [0.0] * driver.n, "batch": [0.0] * driver.n,
+                      "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
+        self.t0 = time.monotonic()
+        self.t_first = None
+        self.last_commit = None
+        self.last_accept = False
+        self.cycle_ms: list[float] = []  # steady-state cycle times (accept after accept)
+
+    def _broadcast(self, kind: str, header: dict, tensors=None) -> None:
+        self.epoch = self.d.broadcast(kind, {"rid": self.job.rid, "slot": self.slot, **header}, tensors)
+
+    def start(self) -> None:
+        self._prefill(self.job.prompt_ids)
+
+    def _prefill(self, ids: list[int], prompt_len: int | None = None) -> None:
+        params = dataclasses.asdict(self.job.params)
+        self.fill_start = len(ids)
+        self._broadcast("PREFILL", {"base": 0, "params": params, "prompt_len": prompt_len or len(ids),
+                                    "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit,
+                                    "routes": self.d.routes.to_dict()},
+                        {"ids": torch.tensor(ids, dtype=torch.int64)})
+        self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
+
+    def reprefill(self) -> None:
+        """After a fault: re-prefill the committed prefix under a new epoch."""
+        log.warning("[recover] %s: re-prefilling %d committed tokens", self.job.rid, len(self.verifier.tokens))
+        self.verifier.drafts = {}
+        self.verifier._reseeded = True
+        self.exits = {}
+        self._prefill(self.verifier.tokens, prompt_len=len(self.job.prompt_ids))
+
+    def on_message(self, msg: wire.Message) -> None:
+        """A DRAFT or EXIT of this request's current epoch."""
+        if msg.kind == "DRAFT":
+            self._offer(msg)
+        else:
+            self.exits[msg.pos] = (msg, time.monotonic())
+
+    def tick(self) -> None:
+        """Judge every exit that can be judged now; a stalled request raises a fault."""
+        if self.job.cancelled.is_set():
+            self._finish("cancelled")
+            return
+        while (nxt := self.exits.get(len(self.verifier.tokens) - 1)) is not None and self._judgeable(*nxt):
+            if self._judge(nxt[0]):
+                return
+        if time.monotonic() - self.progress > self.d.cfg.progress_timeout_s:
+            missing = self.d.registry.missing(need_drafter=False)
+            raise Fault(f"{self.job.rid}: no progress for {self.d.cfg.progress_timeout_s:.0f} s" +
+                         (f" ({', '.join(missing)} down)" if missing else ""))
+
+    def _offer(self, msg: wire.Message) -> None:
+        q = None
+        if "ids" in msg.tensors:
+            q = torch.zeros(self.d.cfg.vocab_size)
+            q[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
+        self.verifier.offer(msg.pos, int(msg.header["token"]), q)
+        self.stats["draft_ms"] += msg.header.get("t_ms", 0.0)
+        self.stats["drafts"] += 1
+        metrics.PHASE_MS.labels("draft").observe(msg.header.get("t_ms", 0.0))
+
+    def _judgeable(self, exit: wire.Message, seen: float) -> bool:
+        """Judge now, or wait a little for the draft that will arrive for this position?"""
+        judged = exit.pos + 1
+        if judged in self.verifier.drafts or judged <= self.fill_start:
+            return True
+        expect = (self.d.registry.alive("drafter") and self.verifier.wants_draft(judged, self.d.cfg.context)
+                  and not (self.d.cfg.schedule == "post" and self.d.n == 1))
+        return not expect or time.monotonic() - seen > self.d.cfg.draft_wait_s
+
+    def _judge(self, msg: wire.Message) -> bool:
+        del self.exits[msg.pos]
+        p = None
+        if "ids" in msg.tensors:
+            p = torch.zeros(self.d.cfg.vocab_size)
+            p[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
+        t0 = time.perf_counter()
+        v = self.verifier.judge(msg.pos, p=p, argmax=int(msg.header["argmax"]))
+        self.stats["verify_ms"] += 1e3 * (time.perf_counter() - t0)
+        metrics.PHASE_MS.labels("verify").observe(1e3 * (time.perf_counter() - t0))
+        for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
+            self.stats["stage_ms"][j] += ms
+            metrics.PHASE_MS.labels(f"stage{j + 1}").observe(ms)
+        for j, rows in enumerate(msg.header.get("batch", [])[: self.d.n]):
+            self.stats["batch"][j] += rows
+            metrics.BATCH.observe(rows)
+        self._commit(v)
+        if v.finish:
+            self._finish(v.finish)
+            return True
+        if v.reseed:
+            self.stats["flushes"] += v.accepted is False
+            if v.accepted is False:
+                metrics.FLUSHES.inc()
+                log.info("[flush] %s: reject at %d (draft %s, target %d)", self.job.rid, v.position, v.draft, v.token)
+            self.fill_start = v.position
+            self.exits = {}
+            self._broadcast("RESEED", {"pos": v.position, "base": v.position, "token": v.token})
+        return False
+
+    def _commit(self, v: Verdict) -> None:
+        now = time.monotonic()
+        if self.t_first is None:
+            self.t_first = now
+        elif self.last_accept and v.accepted:
+            self.cycle_ms.append(1e3 * (now - self.last_commit))
+            metrics.CYCLE_MS.observe(self.cycle_ms[-1])
+        self.last_commit, self.last_accept, self.progress = now, bool(v.accepted), now
+        metrics.COMMITS.inc()
+        metrics.ACCEPTS.inc(v.accepted is True)
+        metrics.REJECTS.inc(v.accepted is False)
+        self.job.emit("token", v.token)
+
+    def _finish(self, reason: str) -> None:
+        v, now = self.verifier, time.monotonic()
+        first = self.t_first or now
+        N, K = len(v.generated), v.cycles
+        decode_s = now - first
+        self.stats.update(generated_tokens=N, cycles=K, accepts=v.accepts, rejects=v.rejects,
+                          alpha=N / K if K else 0.0, theoretical_speedup=self.d.n * N / K if K else 0.0,
+                          prefill_ms=1e3 * (first - self.t0), ttft_ms=1e3 * (first - self.t0) + self.stats["queue_ms"],
+                          decode_ms=1e3 * decode_s, tokens_per_s=(N - 1) / decode_s if N > 1 and decode_s > 0 else 0.0)
+        if self.cycle_ms:
+            ordered = sorted(self.cycle_ms)
+            self.stats.update(cycle_ms_p50=ordered[len(ordered) // 2],
+                              cycle_ms_p99=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
+        exits = max(1, N)  # each commit came from one exiting token
+        self.stats["stage_ms"] = [ms / exits for ms in self.stats["stage_ms"]]
+        self.stats["batch"] = [rows / exits for rows in self.stats["batch"]]  # mean batch its tokens ran in
+        metrics.CYCLES.inc(K)
+        self.job.emit("done", reason, self.stats)
+        self.d.end(self, "cancelled" if reason == "cancelled" else "ok")
