@@ -10,7 +10,7 @@ import sys
 
 from spd.commands import UsageError
 
-COMMANDS = ["generate", "workers", "up", "bench", "train", "k8s", "eval"]  # module names under spd.commands
+COMMANDS = ["generate", "workers", "up", "http", "bench", "train", "k8s", "eval"]  # module names under spd.commands
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 

@@ -41,7 +41,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., raw: _Optional[bool] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., coupling: _Optional[str] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("n", "generated_tokens", "cycles", "alpha", "theoretical_speedup", "accepts", "rejects", "flushes", "recoveries", "prefill_ms", "decode_ms", "ttft_ms", "draft_ms", "verify_ms", "tokens_per_s", "queue_ms", "drafts", "stage_ms", "cycle_ms_p50", "cycle_ms_p99", "batch")
+    __slots__ = ("n", "generated_tokens", "cycles", "alpha", "theoretical_speedup", "accepts", "rejects", "flushes", "recoveries", "prefill_ms", "decode_ms", "ttft_ms", "draft_ms", "verify_ms", "tokens_per_s", "queue_ms", "drafts", "stage_ms", "cycle_ms_p50", "cycle_ms_p99", "prompt_tokens", "batch")
     N_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CYCLES_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class Stats(_message.Message):
     STAGE_MS_FIELD_NUMBER: _ClassVar[int]
     CYCLE_MS_P50_FIELD_NUMBER: _ClassVar[int]
     CYCLE_MS_P99_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     n: int
     generated_tokens: int
@@ -83,8 +84,9 @@ class Stats(_message.Message):
     stage_ms: _containers.RepeatedScalarFieldContainer[float]
     cycle_ms_p50: float
     cycle_ms_p99: float
+    prompt_tokens: int
     batch: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, n: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., cycles: _Optional[int] = ..., alpha: _Optional[float] = ..., theoretical_speedup: _Optional[float] = ..., accepts: _Optional[int] = ..., rejects: _Optional[int] = ..., flushes: _Optional[int] = ..., recoveries: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., queue_ms: _Optional[float] = ..., drafts: _Optional[int] = ..., stage_ms: _Optional[_Iterable[float]] = ..., cycle_ms_p50: _Optional[float] = ..., cycle_ms_p99: _Optional[float] = ..., batch: _Optional[_Iterable[float]] = ...) -> None: ...
+    def __init__(self, n: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., cycles: _Optional[int] = ..., alpha: _Optional[float] = ..., theoretical_speedup: _Optional[float] = ..., accepts: _Optional[int] = ..., rejects: _Optional[int] = ..., flushes: _Optional[int] = ..., recoveries: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., queue_ms: _Optional[float] = ..., drafts: _Optional[int] = ..., stage_ms: _Optional[_Iterable[float]] = ..., cycle_ms_p50: _Optional[float] = ..., cycle_ms_p99: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., batch: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats")

@@ -22,6 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("--log-dir", type=Path, help="one log file per process (default: this terminal)")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once, sharing every stage "
                    "forward (default 1; more pads each single-token forward to this many rows)")
+    p.add_argument("--http-port", type=int, default=0, help="also serve the OpenAI-compatible HTTP API on this port "
+                   "(`spd http`; default 0: none)")
     p.add_argument("--spares", type=int, default=0, help="warm spare workers that take over a dead stage or drafter "
                    "in about a second (default 0: a dead worker is restarted, which takes several seconds)")
     p.set_defaults(run=run)
@@ -39,6 +41,8 @@ def run(args) -> int:
         raise UsageError(f"--max-concurrency must be in 1..64, got {args.max_concurrency}")
     if not 0 <= args.spares <= 16:
         raise UsageError(f"--spares must be in 0..16, got {args.spares}")
+    if not 0 <= args.http_port <= 65535 or args.http_port == args.port:
+        raise UsageError(f"--http-port must be in 0..65535 and not the gRPC port, got {args.http_port}")
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     try:  # before any process starts: a bad width would otherwise crash-loop every stage
@@ -46,5 +50,6 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(f"--n/--model: {e}") from None
     cfg = ClusterConfig(args.n, args.port, args.model, args.draft, args.split, devices, args.schedule,
-                        args.state_file, args.metrics_port, args.log_dir, spares=args.spares, max_concurrency=args.max_concurrency)
+                        args.state_file, args.metrics_port, args.log_dir, spares=args.spares, max_concurrency=args.max_concurrency,
+                        http_port=args.http_port)
     return Cluster(cfg).run()

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class ClusterConfig:
     curve: bool = True  # encrypt/authenticate ZeroMQ with a per-launch key (SPD_CURVE_SECRET if set)
     spares: int = 0  # warm spare workers kept ready to take over a dead stage's or the drafter's role
     max_concurrency: int = 1  # requests decoding at once (slots in every worker, the stages' batch shape)
+    http_port: int = 0  # OpenAI-compatible HTTP API (`spd http`) on this port; 0 = none
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Proc:
     health: str  # host:port of its grpc health service
     device: str = "cpu"  # the device it runs on (a spare replacing it gets the same one)
     role_file: Path | None = None  # a spare writes its assigned role here
+    http: bool = False  # health is HTTP GET /live at `health` (the HTTP gateway), not grpc.health.v1
     live_service: str = ""  # health service name that says the process answers ("" = overall status)
     popen: subprocess.Popen | None = None
     restarts: int = 0
@@ -141,6 +144,10 @@ class Cluster:
                 "--worker-wait", str(cfg.worker_wait_s), "--max-concurrency", str(cfg.max_concurrency)] + \
             cfg.extra_orchestrator_args + (["--model", cfg.model] if cfg.model else [])
         procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}", live_service=LIVENESS))
+        if cfg.http_port:
+            http = ["http", "--grpc", f"127.0.0.1:{cfg.port}", "--port", str(cfg.http_port)]
+            procs.append(Proc("http", http + (["--model", cfg.model] if cfg.model else []),
+                              f"127.0.0.1:{cfg.http_port}", http=True))
         return procs
 
     def _spare(self, device: str, ports: list[int] | None = None) -> Proc:
@@ -171,6 +178,8 @@ class Cluster:
 
     def start(self) -> None:
         ensure_port_free(self.cfg.port)
+        if self.cfg.http_port:
+            ensure_port_free(self.cfg.http_port)
         if self.cfg.log_dir:
             self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
         for p in self.procs:
@@ -218,7 +227,7 @@ class Cluster:
         if now - p.checked_at < HEALTH_EVERY_S:
             return
         p.checked_at = now
-        if check(p.health, timeout=min(1.0, self.cfg.hung_after_s / 2), service=p.live_service):
+        if _answers(p, timeout=min(1.0, self.cfg.hung_after_s / 2)):
             p.healthy_at = time.monotonic()
         elif p.healthy_at is not None and time.monotonic() - p.healthy_at > self.cfg.hung_after_s:
             log.warning("[recover] %s pid %d has not answered its health check for %.1f s: killing it",
@@ -238,7 +247,7 @@ class Cluster:
                             (f" in {self.cfg.log_dir}" if self.cfg.log_dir else ""))
 
     def healthy(self) -> bool:
-        return all(p.popen is not None and p.popen.poll() is None and check(p.health) for p in self.procs)
+        return all(p.popen is not None and p.popen.poll() is None and _answers(p, ready=True) for p in self.procs)
 
     def write_state(self) -> None:
         if not self.cfg.state_file:
@@ -296,3 +305,14 @@ class Cluster:
 
     def _on_signal(self, signum, frame) -> None:
         self.stop = True
+
+
+def _answers(p: Proc, timeout: float = 1.0, ready: bool = False) -> bool:
+    """Liveness (or, with `ready`, readiness) of a process: grpc.health.v1, or HTTP for the gateway."""
+    if p.http:
+        try:
+            with urllib.request.urlopen(f"http://{p.health}/live", timeout=timeout) as r:
+                return r.status == 200
+        except OSError:
+            return False
+    return check(p.health, timeout=timeout, service="" if ready else p.live_service)

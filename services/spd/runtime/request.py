@@ -42,7 +42,7 @@ class Run:
         self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
         self.epoch = 0  # this request's current epoch (its last PREFILL / RESEED)
         self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
-        self.stats = {"n": driver.n, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0, "drafts": 0,
+        self.stats = {"n": driver.n, "prompt_tokens": P, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0, "drafts": 0,
                       "stage_ms": [0.0] * driver.n, "batch": [0.0] * driver.n,
                       "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
         self.t0 = time.monotonic()

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API of SPD serve (a gateway in front of the gRPC orchestrator)."""
