@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -178,7 +179,11 @@ def test_metrics_endpoint_counts_commits_and_flushes(shared_cluster):
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("spd_")}
     assert values["spd_commits_total"] > 0 and values["spd_flushes_total"] > 0
     assert 'spd_requests_total{outcome="invalid"}' in values
-    assert values['spd_phase_ms_count{phase="stage1"}'] > 0 and values['spd_phase_ms_count{phase="verify"}'] > 0
+    assert values['spd_phase_seconds_count{phase="stage1"}'] > 0 and values['spd_phase_seconds_count{phase="verify"}'] > 0
+    assert values["spd_running_requests"] == 0  # every request of this module has finished
+    with pytest.raises(urllib.error.HTTPError) as e:  # only /metrics: /v1/models is not answered with metrics
+        urllib.request.urlopen(f"http://127.0.0.1:{shared_cluster.cfg.metrics_port}/v1/models", timeout=10)
+    assert e.value.code == 404
 
 
 def test_launcher_gives_up_on_a_worker_that_keeps_failing_at_start(tiny_chat_model, tmp_path):
@@ -235,3 +240,16 @@ def test_spd_up_refuses_a_taken_port_and_its_processes_die_with_it(tiny_chat_mod
     finally:
         if first.poll() is None:
             first.kill()
+
+
+def test_discovery_reflection_health_by_service_name_and_get_info(shared_cluster):
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(address(shared_cluster)) as channel:
+        services = ProtoReflectionDescriptorDatabase(channel).get_services()
+    assert "spd.v1.SPD" in services and "grpc.health.v1.Health" in services  # what `grpcurl list` shows
+    assert check(address(shared_cluster), service="spd.v1.SPD") and check(address(shared_cluster))
+    with SPDClient(address(shared_cluster)) as client:
+        info = client.info()
+    assert info["n"] == shared_cluster.cfg.n and info["context_length"] > 0 and info["max_concurrency"] == 1
+    assert info["schedule"] == "pre" and info["max_tokens"] >= info["default_max_tokens"] > 0 and info["model"]

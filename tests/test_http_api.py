@@ -108,7 +108,8 @@ def test_a_bad_token_is_401_an_unknown_model_404_and_models_lists_the_served_one
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     r = http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    assert [m["id"] for m in http.get("/v1/models").json()["data"]] == [NAME]
+    (card,) = http.get("/v1/models").json()["data"]
+    assert card["id"] == NAME and card["spd"]["n"] == 2 and card["spd"]["context_length"] > 0
     assert http.get("/health").status_code == 200 and http.get("/live").status_code == 200
 
 

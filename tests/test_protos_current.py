@@ -21,7 +21,7 @@ def test_stubs_import_from_the_package_with_the_versioned_service_name():
 
     service = spd_pb2.DESCRIPTOR.services_by_name["SPD"]
     assert service.full_name == "spd.v1.SPD"
-    assert [m.name for m in service.methods] == ["Generate", "GenerateStream"]
+    assert [m.name for m in service.methods] == ["Generate", "GenerateStream", "GetInfo"]
     assert hasattr(spd_pb2_grpc, "SPDStub") and hasattr(spd_pb2_grpc, "add_SPDServicer_to_server")
 
 

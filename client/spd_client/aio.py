@@ -17,7 +17,7 @@ from typing import AsyncIterator, Iterable
 import grpc
 
 from spd_client.client import RETRYABLE, Chunk, Result, SPDError, build_request, stats_dict
-from spd_client.v1 import spd_pb2_grpc
+from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
 
 class AsyncSPDClient:
@@ -75,6 +75,15 @@ class AsyncSPDClient:
                 await self._retry_or_raise(e, failures, deadline)
             finally:
                 call.cancel()  # no-op when finished; stops the server when the consumer quits early
+
+    async def info(self, timeout: float | None = None, token: str | None = None) -> dict:
+        """What the server runs (see SPDClient.info)."""
+        try:
+            reply = await self._stub.GetInfo(spd_pb2.GetInfoRequest(), timeout=timeout or self.timeout,
+                                             metadata=self._auth(token))
+        except grpc.aio.AioRpcError as e:
+            raise SPDError(e.code(), e.details() or str(e)) from None
+        return stats_dict(reply)
 
     def _auth(self, token: str | None):
         return (("authorization", f"Bearer {token}"),) if token else self._metadata

@@ -118,6 +118,14 @@ class SPDClient:
                 self._retry_or_raise(e, failures, deadline)
                 log.info("spd_client: stream retry %d after %d tokens", failures, len(replay.ids))
 
+    def info(self, timeout: float | None = None) -> dict:
+        """What the server runs: model, n, context_length, limits, max_concurrency, schedule, draft."""
+        try:
+            reply = self._stub.GetInfo(spd_pb2.GetInfoRequest(), timeout=timeout or self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise SPDError(e.code(), e.details() or str(e)) from None
+        return stats_dict(reply)
+
     def close(self) -> None:
         self._channel.close()
 
@@ -209,8 +217,8 @@ def build_request(prompt: str | None = None, messages: Iterable | None = None, *
     return request
 
 
-def stats_dict(stats: spd_pb2.Stats) -> dict:
-    """Every Stats field by name (zeros included)."""
+def stats_dict(stats) -> dict:
+    """Every field of a Stats (or Info) message by name (zeros included)."""
     out = {}
     for f in stats.DESCRIPTOR.fields:
         value = getattr(stats, f.name)

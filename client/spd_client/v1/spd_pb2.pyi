@@ -6,6 +6,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Info(_message.Message):
+    __slots__ = ("model", "n", "context_length", "max_tokens", "default_max_tokens", "queue_size", "max_concurrency", "schedule", "draft")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    n: int
+    context_length: int
+    max_tokens: int
+    default_max_tokens: int
+    queue_size: int
+    max_concurrency: int
+    schedule: str
+    draft: str
+    def __init__(self, model: _Optional[str] = ..., n: _Optional[int] = ..., context_length: _Optional[int] = ..., max_tokens: _Optional[int] = ..., default_max_tokens: _Optional[int] = ..., queue_size: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., schedule: _Optional[str] = ..., draft: _Optional[str] = ...) -> None: ...
+
 class Message(_message.Message):
     __slots__ = ("role", "content")
     ROLE_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class SPDStub:
                 request_serializer=spd__client_dot_v1_dot_spd__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=spd__client_dot_v1_dot_spd__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.GetInfo = channel.unary_unary(
+                '/spd.v1.SPD/GetInfo',
+                request_serializer=spd__client_dot_v1_dot_spd__pb2.GetInfoRequest.SerializeToString,
+                response_deserializer=spd__client_dot_v1_dot_spd__pb2.Info.FromString,
+                _registered_method=True)
 
 
 class SPDServicer:
@@ -65,6 +70,13 @@ class SPDServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetInfo(self, request, context):
+        """What this server runs: the model, the pipeline, its limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SPDServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_SPDServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=spd__client_dot_v1_dot_spd__pb2.GenerateRequest.FromString,
                     response_serializer=spd__client_dot_v1_dot_spd__pb2.GenerateChunk.SerializeToString,
+            ),
+            'GetInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInfo,
+                    request_deserializer=spd__client_dot_v1_dot_spd__pb2.GetInfoRequest.FromString,
+                    response_serializer=spd__client_dot_v1_dot_spd__pb2.Info.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +151,33 @@ class SPD:
             '/spd.v1.SPD/GenerateStream',
             spd__client_dot_v1_dot_spd__pb2.GenerateRequest.SerializeToString,
             spd__client_dot_v1_dot_spd__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spd.v1.SPD/GetInfo',
+            spd__client_dot_v1_dot_spd__pb2.GetInfoRequest.SerializeToString,
+            spd__client_dot_v1_dot_spd__pb2.Info.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,18 +29,18 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", type=int, default=8, help="first K prompts of each set (0 = the whole set)")
     p.add_argument("--max-tokens", type=int, default=512, help="generation cap per prompt")
     p.add_argument("--temperatures", default="0,1", help="comma-separated; T > 0 uses --top-k/--top-p")
-    p.add_argument("--top-k", type=int, default=50)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=50, help="top-k of the sampled runs (default 50)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p of the sampled runs (default 1.0)")
     p.add_argument("--sims", type=int, default=200, help="simulated verdict chains per prompt (sampled estimate)")
     p.add_argument("--methods", help="comma-separated labels to keep (default: every method with a checkpoint)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     p.add_argument("--overhead", default="benchmarks/results/runtime_overhead.json",
                    help="runtime overhead per cycle (benchmarks/runtime_overhead.py output), interpolated in n")
     p.add_argument("--model", help="target model directory (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--out", default="benchmarks/results/eval")
+    p.add_argument("--out", default="benchmarks/results/eval", help="report directory (default benchmarks/results/eval)")
     p.add_argument("--reproduce", help="the command to print as the report's reproduction (default: this one)")
     p.add_argument("--notes", help="a markdown file included in the report as 'Reading the results'")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs only)")
     p.set_defaults(run=run)
 
 

@@ -6,14 +6,12 @@ import argparse
 import json
 import sys
 
-from spd.core.engine import SPDEngine
-from spd.core.results import Generation, Stats
-from spd.core.sampling import SamplingParams
-from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_stream
+from typing import TYPE_CHECKING
+
 from spd.commands import UsageError
-from spd.local import PipelineConfig, build_local
-from spd.text import TextStream, encode_prompt
+
+if TYPE_CHECKING:
+    from spd.core.results import Generation
 
 
 def add_parser(sub) -> None:
@@ -23,22 +21,29 @@ def add_parser(sub) -> None:
     p.add_argument("--engine", choices=["ar", "local"], default="local",
                    help="ar: plain autoregressive reference; local: SPD engine in this process")
     p.add_argument("--address", help="HOST:PORT of an SPD orchestrator (ignores --engine)")
+    p.add_argument("--token", help="with --address: bearer token the server requires (default $SPD_TOKEN)")
+    p.add_argument("--tls", action="store_true", help="with --address: connect over TLS (system roots, or --ca)")
+    p.add_argument("--ca", help="with --address: PEM file of the CA that signed the server's certificate (implies --tls)")
+    p.add_argument("--timeout", type=float, default=600.0, help="with --address: deadline of the call in seconds "
+                   "(default 600)")
     p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--n", type=int, default=5, help="pipeline stages")
-    p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L'")
-    p.add_argument("--ls", type=int, default=1, help="layers of a random PDM when no trained one exists")
-    p.add_argument("--draft", help="PDM directory ('random' forces an untrained one)")
-    p.add_argument("--schedule", choices=["pre", "post"], default="pre")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n", type=int, default=5, help="pipeline stages (default 5)")
+    p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L' (default uniform)")
+    p.add_argument("--ls", type=int, default=1, help="layers of a random PDM when no trained one exists (default 1)")
+    p.add_argument("--draft", help="PDM directory ('random' forces an untrained one; default: the shipped one)")
+    p.add_argument("--schedule", choices=["pre", "post"], default="pre",
+                   help="draft before (pre) or after (post) each cycle's verification (default pre)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 = off (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1 = off (default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--coupling", choices=["rejection", "gumbel"], default="rejection",
                    help="sampled verification: rejection sampling, or shared Gumbel noise (identical to AR sampling)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="torch device of the in-process engine (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations of the in-process engine (default float32)")
     p.add_argument("--trace", action="store_true", help="include the per-cycle trace in --json output")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.set_defaults(run=run)
@@ -49,6 +54,14 @@ def run(args: argparse.Namespace) -> int:
         from spd.commands.remote import run_remote  # needs the gRPC stubs only when used
 
         return run_remote(args)
+    from spd.core.engine import SPDEngine  # torch and the model code: only when generating here
+    from spd.core.results import Generation, Stats
+    from spd.core.sampling import SamplingParams
+    from spd.core.stopping import StopRule, eos_ids_of
+    from spd.core.target import ar_stream
+    from spd.local import PipelineConfig, build_local
+    from spd.text import TextStream, encode_prompt
+
     req = _validated(args)
     cfg = PipelineConfig(model=args.model, n=1 if args.engine == "ar" else args.n, split=args.split,
                          draft=args.draft, ls=args.ls, device=args.device, dtype=args.dtype)

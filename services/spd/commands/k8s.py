@@ -11,9 +11,9 @@ from pathlib import Path
 def _config_args(p) -> None:
     p.add_argument("--n", type=int, default=4, help="pipeline stages (stage pods)")
     p.add_argument("--cpu", action="store_true", help="dev cluster: no GPUs, CPU devices, float32")
-    p.add_argument("--namespace", default="spd")
+    p.add_argument("--namespace", default="spd", help="namespace of every object")
     p.add_argument("--name", default="spd", help="prefix of every object (several pipelines per namespace)")
-    p.add_argument("--image", default="spd-serve:0.1.0")
+    p.add_argument("--image", default="spd-serve:0.1.0", help="container image of every pod")
     p.add_argument("--weights", choices=["pvc", "image"], help="weights from a read-only PVC (GPU default) or "
                    "copied by an init container from --weights-image (cpu default)")
     p.add_argument("--weights-claim", default="spd-weights", help="PVC with target/ and draft/")
@@ -21,11 +21,11 @@ def _config_args(p) -> None:
     p.add_argument("--model-dir", default="/models/target", help="target HF directory inside the pods")
     p.add_argument("--draft-dir", default="", help="PDM directory inside the pods ('random': untrained); "
                    "default /models/draft on GPU, random on cpu")
-    p.add_argument("--split", default="uniform")
-    p.add_argument("--schedule", choices=["pre", "post"], default="pre")
+    p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L'")
+    p.add_argument("--schedule", choices=["pre", "post"], default="pre", help="staircase schedule")
     p.add_argument("--dtype", default="", choices=["", "float32", "bfloat16", "float16"],
                    help="default bfloat16 on GPU, float32 on cpu")
-    p.add_argument("--cluster-domain", default="cluster.local")
+    p.add_argument("--cluster-domain", default="cluster.local", help="DNS suffix of Services")
     p.add_argument("--no-namespace", action="store_true", help="do not render the Namespace object")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once (default 1)")
     p.add_argument("--spares", type=int, default=0, help="warm spare pods that take over a dead stage or drafter "
@@ -34,7 +34,7 @@ def _config_args(p) -> None:
 
 def _cluster_args(p) -> None:
     p.add_argument("--kubeconfig", help="default $KUBECONFIG or ~/.kube/config (in a pod: its service account)")
-    p.add_argument("--context")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
 
 
 def add_parser(sub) -> None:
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
     s = ks.add_parser("status", help="pods per role with readiness")
     _config_args(s)
     _cluster_args(s)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.set_defaults(run=run_status)
     d = ks.add_parser("delete", help="delete the rendered objects (the namespace is kept)")
     _config_args(d)
@@ -66,8 +66,8 @@ def add_parser(sub) -> None:
     _cluster_args(c)
     c.add_argument("--address", default="127.0.0.1:50051", help="the orchestrator's gRPC address (e.g. after "
                    "`kubectl -n spd port-forward svc/spd-orchestrator 50051`)")
-    c.add_argument("--prompt", default="Tell me a long story about a lighthouse keeper.")
-    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--prompt", default="Tell me a long story about a lighthouse keeper.", help="prompt of the chaos stream")
+    c.add_argument("--max-tokens", type=int, default=256, help="tokens of the chaos stream")
     c.add_argument("--after-tokens", type=int, default=16, help="delete the pod once this many tokens streamed")
     c.add_argument("--seed", type=int, help="which stage pod (random.Random(seed))")
     c.add_argument("--grace", type=int, default=0, help="grace period of the delete, seconds (0: kill)")

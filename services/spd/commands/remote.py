@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
+
+import grpc
 
 from spd_client import SPDClient, SPDError
 
@@ -16,8 +20,12 @@ def run_remote(args: argparse.Namespace) -> int:
     params = dict(raw=args.raw, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, stop=args.stop, coupling=getattr(args, "coupling", ""))
     timeout = getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S
+    token = getattr(args, "token", None) or os.environ.get("SPD_TOKEN")
+    ca = getattr(args, "ca", None)
+    credentials = grpc.ssl_channel_credentials(Path(ca).read_bytes()) if ca else None
     try:
-        with SPDClient(args.address, timeout=timeout) as client:
+        with SPDClient(args.address, timeout=timeout, token=token, tls=getattr(args, "tls", False),
+                       credentials=credentials) as client:
             return _json(client, args.prompt, params) if args.json else _stream(client, args.prompt, params)
     except SPDError as e:
         print(f"spd generate: {args.address}: {e.code.name}: {e.details}", file=sys.stderr)

@@ -9,16 +9,19 @@ from spd.runtime.launcher import Cluster, ClusterConfig
 
 def add_parser(sub) -> None:
     p = sub.add_parser("up", help="start n stages, the drafter and the orchestrator locally")
-    p.add_argument("--n", type=int, default=5)
-    p.add_argument("--port", type=int, default=50051, help="orchestrator gRPC port")
+    p.add_argument("--n", type=int, default=5, help="pipeline stages, one process each (default 5)")
+    p.add_argument("--port", type=int, default=50051, help="orchestrator gRPC port (default 50051)")
     p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", help="PDM directory ('random' for an untrained one)")
-    p.add_argument("--split", default="uniform")
+    p.add_argument("--draft", help="PDM directory ('random' for an untrained one; default: the shipped one)")
+    p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L' (default uniform)")
     p.add_argument("--devices", default="", help="comma-separated: one per stage, then the drafter, then "
                    "optionally one per spare (default: cpu; spares: the drafter's)")
-    p.add_argument("--schedule", choices=["pre", "post"], default="pre")
+    p.add_argument("--schedule", choices=["pre", "post"], default="pre",
+                   help="draft before (pre) or after (post) each cycle's verification (default pre)")
     p.add_argument("--state-file", type=Path, help="write role -> pid/address JSON here")
-    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
+    p.add_argument("--worker-wait", type=float, default=60.0, help="seconds a request waits for a missing stage "
+                   "before UNAVAILABLE (default 60)")
     p.add_argument("--log-dir", type=Path, help="one log file per process (default: this terminal)")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once, sharing every stage "
                    "forward (default 1; more pads each single-token forward to this many rows)")
@@ -51,5 +54,5 @@ def run(args) -> int:
         raise UsageError(f"--n/--model: {e}") from None
     cfg = ClusterConfig(args.n, args.port, args.model, args.draft, args.split, devices, args.schedule,
                         args.state_file, args.metrics_port, args.log_dir, spares=args.spares, max_concurrency=args.max_concurrency,
-                        http_port=args.http_port)
+                        http_port=args.http_port, worker_wait_s=args.worker_wait)
     return Cluster(cfg).run()

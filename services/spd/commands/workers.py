@@ -9,10 +9,6 @@ import re
 import socket
 from pathlib import Path
 
-import torch
-
-from spd.local import anchors_for, load_pdm, make_split
-from spd.models.loading import load_config, resolve_model
 from spd.runtime.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -24,10 +20,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L'")
     p.add_argument("--draft", help="PDM directory ('random' for an untrained one); sets the anchors")
     p.add_argument("--device", default="cpu", help="the one device this process uses (cpu, cuda:K)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations (default float32)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     p.add_argument("--health-port", type=int, default=0, help="grpc.health.v1 port (0 = none)")
-    p.add_argument("--health-host", default="127.0.0.1")
+    p.add_argument("--health-host", default="127.0.0.1", help="health bind address (default 127.0.0.1)")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests the pipeline decodes at once: a stage "
                    "runs single tokens at this fixed batch shape (batch-invariant); must match the orchestrator's")
 
@@ -58,13 +55,14 @@ def add_parser(sub) -> None:
     sp.set_defaults(run=run_spare)
     orch = sub.add_parser("orchestrator", help="run the gRPC orchestrator")
     orch.add_argument("--topology", help="JSON (or @file); default $SPD_TOPOLOGY")
-    orch.add_argument("--model")
-    orch.add_argument("--port", type=int, default=50051)
-    orch.add_argument("--host", default="127.0.0.1")
-    orch.add_argument("--metrics-port", type=int, default=0)
-    orch.add_argument("--schedule", choices=["pre", "post"], default="pre")
+    orch.add_argument("--model", help="model directory, for the tokenizer and config (default: embedded SmolLM2)")
+    orch.add_argument("--port", type=int, default=50051, help="gRPC API port (default 50051)")
+    orch.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in pods)")
+    orch.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
+    orch.add_argument("--schedule", choices=["pre", "post"], default="pre", help="staircase schedule (default pre)")
     orch.add_argument("--queue-size", type=int, default=16, help="requests waiting beyond the running ones")
     orch.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once (default 1)")
+    orch.add_argument("--draft", default="shipped", help="what the drafter runs, as GetInfo reports it (default shipped)")
     orch.add_argument("--worker-wait", type=float, default=60.0, help="seconds a request waits for a missing stage")
     orch.add_argument("--tls-cert", help="PEM certificate: serve the API over TLS")
     orch.add_argument("--tls-key", help="PEM private key for --tls-cert")
@@ -92,6 +90,11 @@ def stage_index(arg: int | None, env=os.environ) -> int:
 
 
 def _setup(args):
+    import torch  # here, not at import: `spd --help` should not load torch
+
+    from spd.local import make_split
+    from spd.models.loading import load_config, resolve_model
+
     torch.set_num_threads(args.threads)
     topology = Topology.from_arg(args.topology)
     model_dir = resolve_model(args.model)
@@ -124,6 +127,8 @@ def _serve_worker(worker, server, health) -> int:
 
 def _stage(args, topology, model_dir, config, split, dtype, index: int):
     """Stage `index`'s tensors (or a compute-free stand-in for benchmarks)."""
+    from spd.local import anchors_for
+
     if args.zero_compute:
         from spd.runtime.zero_stage import ZeroComputeStage
 
@@ -136,6 +141,8 @@ def _stage(args, topology, model_dir, config, split, dtype, index: int):
 
 def _drafter_state(args, topology, model_dir, config, split, dtype):
     """The PDM with the target's embedding (or, in tests, a scripted drafter)."""
+    from spd.local import load_pdm
+
     if args.script:
         from spd.core.scripted import ScriptedDrafter
 
@@ -206,9 +213,11 @@ def run_spare(args) -> int:
 def run_orchestrator(args) -> int:
     from spd.runtime.orchestrator import OrchestratorConfig, serve
 
+    import torch
+
     torch.set_num_threads(1)
     serve(OrchestratorConfig(Topology.from_arg(args.topology), args.model, args.port, args.host, args.metrics_port,
                              args.schedule, args.queue_size, max_concurrency=args.max_concurrency,
                              worker_wait_s=args.worker_wait,
-                             tls_cert=args.tls_cert, tls_key=args.tls_key, token=args.token))
+                             tls_cert=args.tls_cert, tls_key=args.tls_key, token=args.token, draft=args.draft))
     return 0

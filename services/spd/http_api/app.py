@@ -81,8 +81,11 @@ def make_app(grpc_address: str, model_name: str, timeout_s: float = 600.0) -> Fa
         return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [_model_card(model_name)]}
+    async def models(request: Request):
+        card = _model_card(model_name)
+        with contextlib.suppress(SPDError):  # the orchestrator's GetInfo: n, context, limits, draft
+            card["spd"] = await state["client"].info(timeout=5, token=_bearer(request))
+        return {"object": "list", "data": [card]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):

@@ -355,7 +355,8 @@ def render(config: RenderConfig) -> list[dict]:
     # orchestrator still accepts TCP connections, so a socket probe would never catch it).
     orch_args = ["orchestrator", "--model", "$(SPD_MODEL_DIR)", "--port", str(GRPC_PORT), "--host", "0.0.0.0",
                  "--metrics-port", str(METRICS_PORT), "--schedule", "$(SPD_SCHEDULE)", "--queue-size", "$(SPD_QUEUE_SIZE)",
-                 "--worker-wait", "$(SPD_WORKER_WAIT)", "--max-concurrency", "$(SPD_MAX_CONCURRENCY)"]
+                 "--worker-wait", "$(SPD_WORKER_WAIT)", "--max-concurrency", "$(SPD_MAX_CONCURRENCY)",
+                 "--draft", "$(SPD_DRAFT_DIR)"]
     orch_probes = {
         "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 60},
         "readinessProbe": {"grpc": {"port": GRPC_PORT}, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},

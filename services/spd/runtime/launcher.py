@@ -141,7 +141,8 @@ class Cluster:
             procs.append(self._spare(device, spare_ports[2 * k: 2 * k + 2]))
         orch = ["orchestrator", "--topology", topo.to_json(), "--port", str(cfg.port), "--schedule", cfg.schedule,
                 "--metrics-port", str(cfg.metrics_port), "--queue-size", str(cfg.queue_size),
-                "--worker-wait", str(cfg.worker_wait_s), "--max-concurrency", str(cfg.max_concurrency)] + \
+                "--worker-wait", str(cfg.worker_wait_s), "--max-concurrency", str(cfg.max_concurrency),
+                "--draft", cfg.draft or "shipped"] + \
             cfg.extra_orchestrator_args + (["--model", cfg.model] if cfg.model else [])
         procs.append(Proc("orchestrator", orch, f"127.0.0.1:{cfg.port}", live_service=LIVENESS))
         if cfg.http_port:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+_SECONDS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 5)  # Prometheus: base units
 
 REQUESTS = Counter("spd_requests_total", "Generate calls by outcome", ["outcome"])
 CYCLES = Counter("spd_cycles_total", "Lockstep pipeline cycles (K)")
@@ -18,5 +18,27 @@ QUEUE = Gauge("spd_queue_depth", "Requests waiting")
 RUNNING = Gauge("spd_running_requests", "Requests decoding now")
 BATCH = Histogram("spd_stage_batch_size", "Tokens per stage forward, as seen by each exiting token",
                   buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64))
-CYCLE_MS = Histogram("spd_cycle_ms", "Time between consecutive commits after an accept (one cycle)", buckets=_MS)
-PHASE_MS = Histogram("spd_phase_ms", "Per-phase time per cycle", ["phase"], buckets=_MS)
+CYCLE = Histogram("spd_cycle_seconds", "Time between consecutive commits after an accept (one cycle)", buckets=_SECONDS)
+PHASE = Histogram("spd_phase_seconds", "Per-phase time per cycle", ["phase"], buckets=_SECONDS)
+
+
+def serve(port: int, host: str) -> None:
+    """Prometheus text on GET /metrics (404 on any other path), from a daemon thread."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from prometheus_client import MetricsHandler
+
+    class Handler(MetricsHandler):
+        def do_GET(self):
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "only /metrics is served here")
+                return
+            super().do_GET()
+
+        def log_message(self, *args):  # no access log on stderr
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

@@ -9,20 +9,25 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
-from prometheus_client import start_http_server
 
 from spd.api.validation import Limits
 from spd.core.stopping import eos_ids_of
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.runtime.driver import Driver, DriverConfig
+from spd.runtime import metrics
 from spd.runtime.health import LIVENESS, NOT_SERVING, SERVING, add_health
 from spd.runtime.lifeline import supervisor_gone
 from spd.runtime.security import TokenInterceptor, server_credentials
 from spd.runtime.servicer import SPDServicer
 from spd.runtime.topology import Topology
-from spd_client.v1 import spd_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection
+
+from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+SERVICE = spd_pb2.DESCRIPTOR.services_by_name["SPD"].full_name  # "spd.v1.SPD"
 
 
 @dataclass
@@ -40,6 +45,7 @@ class OrchestratorConfig:
     tls_cert: str | None = None  # PEM certificate: serve gRPC over TLS (with tls_key)
     tls_key: str | None = None  # PEM private key
     token: str | None = None  # require "authorization: Bearer <token>" on SPD calls
+    draft: str = "shipped"  # what the drafter runs, as GetInfo reports it (a PDM directory, shipped, random)
 
 
 def serve(cfg: OrchestratorConfig) -> None:
@@ -53,29 +59,39 @@ def serve(cfg: OrchestratorConfig) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + cfg.max_concurrency + 8), interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 4 << 20),
                                   ("grpc.so_reuseport", 0)])  # a second server on this port fails, not shares it
-    spd_pb2_grpc.add_SPDServicer_to_server(
-        SPDServicer(driver, tokenizer, eos_ids_of(tokenizer, config), Limits(max_tokens=cfg.max_tokens)), server)
+    limits = Limits(max_tokens=cfg.max_tokens)
+    info = spd_pb2.Info(model=model_dir.name, n=cfg.topology.n, context_length=config.max_position_embeddings,
+                        max_tokens=limits.max_tokens, default_max_tokens=limits.default_max_tokens,
+                        queue_size=cfg.queue_size, max_concurrency=cfg.max_concurrency, schedule=cfg.schedule,
+                        draft=cfg.draft)
+    spd_pb2_grpc.add_SPDServicer_to_server(SPDServicer(driver, tokenizer, eos_ids_of(tokenizer, config), limits, info),
+                                           server)
     health = add_health(server)
     health.set(LIVENESS, SERVING)  # the process answers: what a liveness probe asks (not pipeline readiness)
+    reflection.enable_server_reflection((SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                         reflection.SERVICE_NAME), server)
     if cfg.tls_cert:
         server.add_secure_port(f"{cfg.host}:{cfg.port}", server_credentials(cfg.tls_cert, cfg.tls_key))
     else:
         server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     server.start()
     if cfg.metrics_port:
-        start_http_server(cfg.metrics_port, addr=cfg.host)
+        metrics.serve(cfg.metrics_port, cfg.host)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log.info("[start] orchestrator on %s:%d for %d stages", cfg.host, cfg.port, cfg.topology.n)
     try:
         while not stop.wait(0.5):
-            health.set("", SERVING if driver.ready() else NOT_SERVING)
+            status = SERVING if driver.ready() else NOT_SERVING
+            health.set("", status)
+            health.set(SERVICE, status)  # clients that check the service by name get the same answer
             if supervisor_gone():
                 log.error("[stop] orchestrator: the supervisor that started it is gone; exiting")
                 break
     finally:
         health.set("", NOT_SERVING)
+        health.set(SERVICE, NOT_SERVING)
         server.stop(grace=2).wait(5)
         driver.stop.set()
         driver_thread.join(timeout=5)

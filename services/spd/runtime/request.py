@@ -102,7 +102,7 @@ class Run:
         self.verifier.offer(msg.pos, int(msg.header["token"]), q)
         self.stats["draft_ms"] += msg.header.get("t_ms", 0.0)
         self.stats["drafts"] += 1
-        metrics.PHASE_MS.labels("draft").observe(msg.header.get("t_ms", 0.0))
+        metrics.PHASE.labels("draft").observe(msg.header.get("t_ms", 0.0) / 1e3)
 
     def _judgeable(self, exit: wire.Message, seen: float) -> bool:
         """Judge now, or wait a little for the draft that will arrive for this position?"""
@@ -122,10 +122,10 @@ class Run:
         t0 = time.perf_counter()
         v = self.verifier.judge(msg.pos, p=p, argmax=int(msg.header["argmax"]))
         self.stats["verify_ms"] += 1e3 * (time.perf_counter() - t0)
-        metrics.PHASE_MS.labels("verify").observe(1e3 * (time.perf_counter() - t0))
+        metrics.PHASE.labels("verify").observe(time.perf_counter() - t0)
         for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
             self.stats["stage_ms"][j] += ms
-            metrics.PHASE_MS.labels(f"stage{j + 1}").observe(ms)
+            metrics.PHASE.labels(f"stage{j + 1}").observe(ms / 1e3)
         for j, rows in enumerate(msg.header.get("batch", [])[: self.d.n]):
             self.stats["batch"][j] += rows
             metrics.BATCH.observe(rows)
@@ -149,7 +149,7 @@ class Run:
             self.t_first = now
         elif self.last_accept and v.accepted:
             self.cycle_ms.append(1e3 * (now - self.last_commit))
-            metrics.CYCLE_MS.observe(self.cycle_ms[-1])
+            metrics.CYCLE.observe(self.cycle_ms[-1] / 1e3)
         self.last_commit, self.last_accept, self.progress = now, bool(v.accepted), now
         metrics.COMMITS.inc()
         metrics.ACCEPTS.inc(v.accepted is True)

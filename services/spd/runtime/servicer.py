@@ -23,8 +23,13 @@ EVENT_POLL_S = 0.2  # how often a waiting handler checks whether its job was can
 
 
 class SPDServicer(spd_pb2_grpc.SPDServicer):
-    def __init__(self, driver: Driver, tokenizer, eos_ids: frozenset[int], limits: Limits = Limits()):
+    def __init__(self, driver: Driver, tokenizer, eos_ids: frozenset[int], limits: Limits = Limits(),
+                 info: spd_pb2.Info | None = None):
         self.driver, self.tokenizer, self.eos_ids, self.limits = driver, tokenizer, eos_ids, limits
+        self.info = info or spd_pb2.Info()
+
+    def GetInfo(self, request, context):
+        return self.info
 
     def Generate(self, request, context):
         job = self._submit(request, context)
