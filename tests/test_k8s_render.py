@@ -19,6 +19,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from spd.cli import main as spd_main
+from spd.commands import http as http_command
 from spd.commands import workers
 from spd.k8s import render as r
 from spd.k8s.render import GPU, RenderConfig, render
@@ -170,8 +171,12 @@ def test_ports_are_consistent_between_containers_services_probes_and_args(varian
         ports = container_ports(t)
         for c in t["spec"]["containers"]:
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-                probe = c[kind]
-                if "grpc" in probe:
+                probe = c.get(kind)
+                if probe is None:
+                    assert c["name"] == "http" and kind == "startupProbe"  # the gateway starts in a second
+                elif "httpGet" in probe:
+                    assert probe["httpGet"]["port"] in ports and probe["httpGet"]["path"] in ("/health", "/live")
+                elif "grpc" in probe:
                     assert probe["grpc"]["port"] in ports.values()
                     assert probe["grpc"]["port"] in (ports.get("health"), ports.get("grpc"))
                 else:
@@ -181,6 +186,10 @@ def test_ports_are_consistent_between_containers_services_probes_and_args(varian
             if c["name"] in ("stage", "drafter", "spare"):
                 assert int(flag["--health-port"]) == ports["health"] and flag["--health-host"] == "0.0.0.0"
                 assert all(c[k]["grpc"]["port"] == ports["health"] for k in ("startupProbe", "readinessProbe", "livenessProbe"))
+            elif c["name"] == "http":  # the gateway forwards to the orchestrator in its own pod
+                assert int(flag["--port"]) == ports["http"] == r.HTTP_PORT
+                assert flag["--grpc"] == f"127.0.0.1:{ports['grpc']}" and flag["--host"] == "0.0.0.0"
+                continue
             else:
                 assert int(flag["--port"]) == ports["grpc"] and int(flag["--metrics-port"]) == ports["metrics"]
                 assert c["readinessProbe"]["grpc"]["port"] == ports["grpc"]  # SERVING = every worker registered
@@ -222,6 +231,7 @@ def test_network_policy_keeps_zmq_among_pipeline_pods_and_opens_the_api(variant)
         if "grpc" in ports:
             assert None in allowed(t, ports["grpc"]), "the gRPC API must be open to clients"
             assert None in allowed(t, ports["metrics"])
+            assert None in allowed(t, ports["http"]), "the OpenAI-compatible API must be open to clients"
     pipe = one(objs, "NetworkPolicy", "spd-pipeline")
     assert set(pipe["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     egress_ports = {p["port"] for rule in pipe["spec"]["egress"] for p in rule["ports"]}
@@ -270,6 +280,7 @@ def _parser():
     parser = argparse.ArgumentParser(prog="spd")
     sub = parser.add_subparsers(dest="command", required=True)
     workers.add_parser(sub)
+    http_command.add_parser(sub)
     return parser
 
 
@@ -287,6 +298,9 @@ def test_container_args_parse_with_the_real_cli_after_env_expansion(variant):
             args = [re.sub(r"\$\(([A-Z_]+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
             ns = _parser().parse_args(args)
             assert ns.command == c["name"]
+            if c["name"] == "http":
+                assert ns.model == cfg.model_dir  # /v1/models names the served model
+                continue
             assert ns.max_concurrency == cfg.max_concurrency  # one value for the stages' shape and the slots
             if c["name"] == "stage":
                 assert ns.index is None and ns.of == cfg.n  # the index comes from the pod's hostname

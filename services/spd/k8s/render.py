@@ -26,6 +26,7 @@ ZMQ_PORT = 5555  # each worker's and the orchestrator's ZeroMQ PULL inbox
 HEALTH_PORT = 8081  # grpc.health.v1 of a stage or the drafter
 GRPC_PORT = 50051  # the orchestrator's public gRPC API (and its grpc.health.v1)
 METRICS_PORT = 9090  # the orchestrator's Prometheus endpoint
+HTTP_PORT = 8000  # the OpenAI-compatible HTTP API (a gateway container in the orchestrator's pod)
 UID = 10001  # the image's non-root user (see Dockerfile)
 GPU = "nvidia.com/gpu"
 TREE_VARIANTS = {"n4": {"n": 4}, "n8": {"n": 8, "spares": 1}, "cpu": {"n": 4, "cpu": True}}  # the committed overlays
@@ -54,6 +55,7 @@ GPU_WORKER = Resources("4", "24Gi", "48Gi", gpus=1)
 GPU_ORCHESTRATOR = Resources("2", "2Gi", "4Gi")
 CPU_WORKER = Resources("1", "1Gi", "3Gi", cpu_limit="2")
 CPU_ORCHESTRATOR = Resources("500m", "1Gi", "2Gi", cpu_limit="1")
+HTTP_RESOURCES = Resources("100m", "256Mi", "512Mi")  # the stateless HTTP gateway
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,7 @@ def render(config: RenderConfig) -> list[dict]:
     objs.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(c, c.orchestrator, "orchestrator"), "spec": {
         "type": "ClusterIP", "publishNotReadyAddresses": True, "selector": c.selector("orchestrator"),
         "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+                  {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"},
                   {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP",
                    "appProtocol": "http"}]}})
     pipeline = {"podSelector": {"matchLabels": c.selector()}}
@@ -316,6 +319,7 @@ def render(config: RenderConfig) -> list[dict]:
                      "podSelector": {"matchLabels": c.selector("orchestrator")},
                      "policyTypes": ["Ingress"],
                      "ingress": [{"ports": [{"protocol": "TCP", "port": GRPC_PORT},
+                                            {"protocol": "TCP", "port": HTTP_PORT},
                                             {"protocol": "TCP", "port": METRICS_PORT}]}]}})
     objs.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(c, f"{c.name}-pipeline"),
                  "spec": {"maxUnavailable": 1, "selector": {"matchLabels": c.selector()},
@@ -367,11 +371,20 @@ def render(config: RenderConfig) -> list[dict]:
                       orch_probes, c.orchestrator_resources)
     # Optional bearer token for the API: a Secret <name>-auth with key SPD_TOKEN (health stays open).
     orch["envFrom"].append({"secretRef": {"name": c.auth_secret, "optional": True}})
+    # The OpenAI-compatible API: `spd http` next to the orchestrator, forwarding to it over loopback
+    # (the client's bearer token passes through to the orchestrator's --token).
+    http_args = ["http", "--grpc", f"127.0.0.1:{GRPC_PORT}", "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+                 "--model", "$(SPD_MODEL_DIR)"]
+    http_probes = {"readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5,
+                                      "timeoutSeconds": 2, "failureThreshold": 2},
+                   "livenessProbe": {"httpGet": {"path": "/live", "port": "http"}, "periodSeconds": 5,
+                                     "timeoutSeconds": 2, "failureThreshold": 3}}
+    http = _container(c, "http", http_args, [("http", HTTP_PORT)], http_probes, HTTP_RESOURCES)
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
     objs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(c, c.orchestrator, "orchestrator"),
                  "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "revisionHistoryLimit": 3,
                           "selector": {"matchLabels": c.selector("orchestrator")},
-                          "template": _template(c, "orchestrator", _pod_spec(c, [orch], gpu=False),
+                          "template": _template(c, "orchestrator", _pod_spec(c, [orch, http], gpu=False),
                                                 {**scrape, **checksum})}})
     return objs
 
