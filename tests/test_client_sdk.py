@@ -127,11 +127,31 @@ def test_closing_a_stream_early_cancels_the_call_on_the_server(serve):
         assert cancelled.wait(timeout=5.0)
 
 
-def test_unary_succeeds_after_two_unavailable_failures(serve):
-    fake = FakeSPD(fail_first=2)
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED])
+def test_unary_succeeds_after_two_retryable_failures(serve, code):
+    fake = FakeSPD(fail_first=2, fail_code=code)
     with client(serve(fake)) as c:
         assert c.generate("hello").token_ids == TOKENS
     assert fake.calls == 3
+
+
+def test_the_async_client_generates_streams_and_retries_a_full_queue(serve):
+    import asyncio
+
+    from spd_client.aio import AsyncSPDClient
+
+    fake = FakeSPD(fail_first=1, fail_code=grpc.StatusCode.RESOURCE_EXHAUSTED)
+    address = serve(fake)
+
+    async def main():
+        async with AsyncSPDClient(address, timeout=30, backoff=0.01) as c:
+            unary = await c.generate("hello", max_tokens=5)
+            chunks = [chunk async for chunk in c.stream("hello")]
+        return unary, chunks
+
+    unary, chunks = asyncio.run(main())
+    assert unary.token_ids == TOKENS and fake.calls == 3
+    assert [t for ch in chunks for t in ch.token_ids] == TOKENS and chunks[-1].finish_reason == "length"
 
 
 def test_stream_that_dies_after_three_chunks_resumes_without_repeating_tokens(serve):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["Chunk", "Result", "SPDClient", "SPDError", "StreamDivergedError"]
+__all__ = ["Chunk", "Params", "Result", "SPDClient", "SPDError", "StreamDivergedError"]
 
 
 def __getattr__(name: str):

@@ -1,8 +1,8 @@
 """AsyncSPDClient: the SDK for asyncio programs (grpc.aio), with the sync client's request and
 result types.
 
-`generate` retries UNAVAILABLE with exponential backoff and jitter inside its deadline, like
-SPDClient. `stream` retries UNAVAILABLE only until the first chunk has arrived (after that the
+`generate` retries UNAVAILABLE and RESOURCE_EXHAUSTED with exponential backoff and jitter inside its deadline, like
+SPDClient. `stream` retries them only until the first chunk has arrived (after that the
 error is raised: an async consumer that has already forwarded text cannot take it back); closing
 the async iterator, or cancelling the task that consumes it, cancels the call on the server.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import AsyncIterator, Iterable
+from typing import AsyncIterator, Iterable, Unpack
 
 import grpc
 
-from spd_client.client import RETRYABLE, Chunk, Result, SPDError, build_request, stats_dict
+from spd_client.client import RETRYABLE, Chunk, Params, Result, SPDError, build_request, stats_dict
 from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
 
@@ -39,7 +39,7 @@ class AsyncSPDClient:
         self._rng = random.Random()
 
     async def generate(self, prompt: str | None = None, messages: Iterable | None = None, *,
-                       timeout: float | None = None, token: str | None = None, **params) -> Result:
+                       timeout: float | None = None, token: str | None = None, **params: Unpack[Params]) -> Result:
         """One whole completion; params as for SPDClient.generate; `token` overrides the client's."""
         request = build_request(prompt, messages, **params)
         metadata = self._auth(token)
@@ -54,7 +54,8 @@ class AsyncSPDClient:
                 await self._retry_or_raise(e, failures, deadline)
 
     async def stream(self, prompt: str | None = None, messages: Iterable | None = None, *,
-                     timeout: float | None = None, token: str | None = None, **params) -> AsyncIterator[Chunk]:
+                     timeout: float | None = None, token: str | None = None,
+                     **params: Unpack[Params]) -> AsyncIterator[Chunk]:
         """Chunks of new token ids and text as they are committed; `token` overrides the client's."""
         request = build_request(prompt, messages, **params)
         metadata = self._auth(token)

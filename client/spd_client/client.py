@@ -1,8 +1,9 @@
 """SPDClient: the Python SDK of the SPD generation service (gRPC spd.v1.SPD).
 
 Every call has a deadline (`timeout` seconds, covering all its retries). Calls that fail with
-UNAVAILABLE (server down or restarting) are retried with exponential backoff and jitter; every
-other error is raised at once as SPDError with the server's status code and message.
+UNAVAILABLE (server down or restarting) or RESOURCE_EXHAUSTED (its queue is full) are retried with
+exponential backoff and jitter; every other error is raised at once as SPDError with the server's
+status code and message.
 
 Stream retries: the service is deterministic for a given request (greedy decoding, or sampling
 whose random numbers are keyed by (seed, position)), so after UNAVAILABLE in the middle of a
@@ -17,7 +18,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, TypedDict, Unpack
 
 import grpc
 
@@ -25,7 +26,21 @@ from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
 log = logging.getLogger("spd_client")
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})  # status codes worth retrying
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE,  # server down or restarting
+                       grpc.StatusCode.RESOURCE_EXHAUSTED})  # its queue is full: later may work
+
+
+class Params(TypedDict, total=False):
+    """Generation parameters of generate() / stream() (see spd.v1.GenerateRequest)."""
+    raw: bool  # send the prompt as is, without the chat template
+    max_tokens: int  # 1..server maximum; unset = the server's default
+    temperature: float  # 0 = greedy
+    top_k: int  # 0 = off
+    top_p: float  # (0, 1]; unset = 1
+    seed: int  # same request + seed => same output
+    stop: Iterable[str]  # stop strings
+    request_id: str  # client-chosen id for logs
+    coupling: str  # sampled verification: "rejection" (default) | "gumbel"
 
 
 @dataclass
@@ -83,9 +98,8 @@ class SPDClient:
     # ------------------------------------------------------------------------------ public API
 
     def generate(self, prompt: str | None = None, messages: Iterable | None = None, *,
-                 timeout: float | None = None, **params) -> Result:
-        """One whole completion. params: raw, max_tokens, temperature, top_k, top_p, seed, stop, request_id,
-        coupling ("rejection" | "gumbel")."""
+                 timeout: float | None = None, **params: Unpack[Params]) -> Result:
+        """One whole completion (params: see Params)."""
         request = build_request(prompt, messages, **params)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         failures = 0
@@ -99,7 +113,7 @@ class SPDClient:
                 self._retry_or_raise(e, failures, deadline)
 
     def stream(self, prompt: str | None = None, messages: Iterable | None = None, *,
-               timeout: float | None = None, **params) -> Iterator[Chunk]:
+               timeout: float | None = None, **params: Unpack[Params]) -> Iterator[Chunk]:
         """The completion as it is committed: Chunks of new token ids and text deltas.
 
         Closing the iterator early cancels the call on the server.
