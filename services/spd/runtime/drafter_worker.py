@@ -57,7 +57,7 @@ class DrafterWorker(Worker):
 
     def _slot(self, sid: int) -> _Slot:
         if sid not in self.slots:
-            self.slots[sid] = _Slot(self.state if not self.slots and sid == 0 else self.state.fork())
+            self.slots[sid] = _Slot(self.state.fork())
         return self.slots[sid]
 
     def handle(self, msg: wire.Message) -> None:
