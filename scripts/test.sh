@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 . .venv/bin/activate
+ruff check services client tests benchmarks
 python -m pytest -q -p no:cacheprovider "$@"
