@@ -4,7 +4,7 @@
 
 p(a) predicts acceptance: at a = n (saturated pipeline) and a = 1 (the first draft after a reseed,
 which is the one judged next when the previous draft was rejected). With a per-judgement acceptance
-p, α = 1 / (p + (1 - p) n) and S0 = n·α (DESIGN §4).
+p, α = 1 / (p + (1 - p) n) and S0 = n·α (design §4).
 """
 
 from __future__ import annotations

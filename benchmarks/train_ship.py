@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         f"{(vocab.get('coverage_sharegpt') or float('nan')):.3f}",
         "",
         "## Training",
-        f"- aligned training (DESIGN §3/§7): per-depth replication, structural mask, simulated fill levels (DESIGN mix; a later phase may differ, see below) "
+        f"- aligned training (design §3/§7): per-depth replication, structural mask, simulated fill levels (DESIGN mix; a later phase may differ, see below) "
         f"(a = n w.p. 1/2, else uniform 1..n-1), KL(teacher || PDM) on the draft vocabulary at the newest "
         f"staircase position; AdamW lr {notes.get('lr')} (linear warm-up 20 steps, linear decay), "
         f"{notes.get('batch_tokens')} assistant positions per step, single pass",

@@ -17,7 +17,7 @@ declare -A RUNS=(
   [spd-n6-pre-ls1]="--n 6 --ls 1 --schedule pre"
   # n = 10: the cache holds no layer 3 or 9 (its e1, e3), so n = 10 uses n = 5's anchors
   [spd-n10-pre-ls1]="--n 10 --ls 1 --schedule pre --anchors 0,6,18,29,30"
-  # PPSD (DESIGN §9): first-stage features only, anchors [0, e1], L_s = 1, post-step
+  # PPSD (design §9): first-stage features only, anchors [0, e1], L_s = 1, post-step
   [ppsd-n2]="--n 2 --ls 1 --schedule post --anchors 0,15"
   [ppsd-n3]="--n 3 --ls 1 --schedule post --anchors 0,10"
   [ppsd-n5]="--n 5 --ls 1 --schedule post --anchors 0,6"

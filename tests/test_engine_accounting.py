@@ -1,4 +1,4 @@
-"""The cycle accounting of DESIGN §4: K, N, α with oracle and always-wrong drafters."""
+"""The cycle accounting of design §4: K, N, α with oracle and always-wrong drafters."""
 
 import pytest
 

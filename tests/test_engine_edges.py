@@ -53,8 +53,10 @@ def test_prompts_that_are_empty_or_over_the_context_limit_are_refused(tiny_dir):
     engine = _engine(tiny_dir("qwen3", num_layers=4, max_positions=32), n=2)
     with pytest.raises(ValueError, match="empty"):
         engine.generate([], SamplingParams(), StopRule(4))
-    with pytest.raises(ValueError, match="context limit"):
+    with pytest.raises(ValueError, match="context is 32"):
         engine.generate(list(range(1, 34)), SamplingParams(), StopRule(4))
+    # the boundary, the same for the server (spd.core.target.prompt_problem): a full context yields one token
+    assert len(engine.generate(list(range(1, 33)), SamplingParams(), StopRule(4)).token_ids) == 1
 
 
 def test_a_stop_string_ends_generation(default_model_dir):

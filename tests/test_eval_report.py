@@ -1,4 +1,4 @@
-"""Report metrics follow DESIGN §5 from the harness's counts and the measured costs."""
+"""Report metrics follow design §5 from the harness's counts and the measured costs."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""THE test of PDM training (DESIGN §7): the masked training forward (spd.train.aligned) gives the same
+"""THE test of PDM training (design §7): the masked training forward (spd.train.aligned) gives the same
 logits as the incremental inference staircase (spd.core.drafter.DrafterState) for every position,
 every fill level 1..n, both schedules and L_s in {1, 2, 3}.
 

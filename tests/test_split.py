@@ -1,4 +1,4 @@
-"""Stage boundaries, anchors and eligible sets (DESIGN §2)."""
+"""Stage boundaries, anchors and eligible sets (design §2)."""
 
 import pytest
 

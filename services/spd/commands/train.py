@@ -1,5 +1,5 @@
-"""`spd train`: train a PDM for a target (DESIGN §7) from a cached teacher, resumably; with
-`--method eagle3 --ttt S` the EAGLE-3-style baseline draft instead (DESIGN §9, spd.eagle.train).
+"""`spd train`: train a PDM for a target (design §7) from a cached teacher, resumably; with
+`--method eagle3 --ttt S` the EAGLE-3-style baseline draft instead (design §9, spd.eagle.train).
 
 CPU recipe (default model, ~2 h on one core): build the caches once, in the background,
   python -m spd.train.prepare selfgen --split heldout --max-items 96
@@ -22,7 +22,7 @@ from pathlib import Path
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a Pipeline Draft Module (PDM) or an EAGLE-3-style draft for a target model")
     p.add_argument("--method", choices=["pdm", "eagle3"], default="pdm",
-                   help="pdm (DESIGN §7) | eagle3: the EAGLE-3-style baseline draft (DESIGN §9, spd.eagle)")
+                   help="pdm (design §7) | eagle3: the EAGLE-3-style baseline draft (design §9, spd.eagle)")
     p.add_argument("--ttt", type=int, default=4, help="eagle3: training-time-test unroll steps")
     p.add_argument("--feature-layers", help="eagle3: low,mid,high target layers (default L/6, L/2, L-1)")
     p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")

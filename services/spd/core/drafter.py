@@ -1,13 +1,13 @@
 """The drafter's inference state: anchor states per position, depths, and the PDM's KV cache.
 
-Depth of a position = stages it has completed (DESIGN §2). Stages report anchor states as they
+Depth of a position = stages it has completed (design §2). Stages report anchor states as they
 produce them (`observe`); a token entering stage 1 is depth 0 and its only anchor, the embedding,
 is computed here from the drafter's own copy of the embedding table (`enter`).
 
 `draft()` runs the PDM on every position not yet in its cache. Positions at depth n form a
 contiguous prefix; their PDM keys/values never change again (depth-n positions only attend to
 depth-n positions), so they stay cached. The staircase of in-flight positions is recomputed each
-call and dropped from the cache afterwards (DESIGN §3: attention rule, inference = training).
+call and dropped from the cache afterwards (design §3: attention rule, inference = training).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class DrafterState:
             self.depth[i] = max(self.depth[i], stage)
 
     def staircase(self, base: int, s0: int) -> list[int]:
-        """Depths the staircase prescribes for every position (DESIGN §3).
+        """Depths the staircase prescribes for every position (design §3).
 
         In-flight positions (>= base, the first token of the current pipeline fill) at offset o from
         the newest have depth s0 + o (capped at n); everything older has left the pipeline: depth n.

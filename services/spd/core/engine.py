@@ -1,4 +1,4 @@
-"""The SPD engine, in one process: cycle-accurate pipeline decoding per DESIGN §3–4.
+"""The SPD engine, in one process: cycle-accurate pipeline decoding per design §3–4.
 
 State of a running request: `tokens` (committed prefix, then the in-flight tokens, then at most one
 fresh draft waiting to enter stage 1) and `slots[j]`, the input that stage j+1 processes in the next

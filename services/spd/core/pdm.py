@@ -1,7 +1,7 @@
 """The Pipeline Draft Module (PDM): a small Qwen3-style decoder over fused target anchor states.
 
 Input per position i: the target's own anchor states H[b][i] for the anchors eligible at that
-position's depth (always a prefix of the sorted anchors B, DESIGN §2). One fusion per prefix length
+position's depth (always a prefix of the sorted anchors B, design §2). One fusion per prefix length
 (RMSNorm each anchor, concatenate, linear to the PDM width) turns them into g[depth][i]. L_s
 Qwen3 decoder layers (GQA, q/k norm, RoPE, SwiGLU) run over the g's with an explicit attention
 mask; a final norm and a reduced-vocabulary head (draft id -> target id via `d2t`) give the

@@ -25,7 +25,7 @@ class Stats:
 
     @property
     def theoretical_speedup(self) -> float | None:
-        """S0 = n·α: oracle speedup when a cycle costs 1/n of a full forward (DESIGN §5)."""
+        """S0 = n·α: oracle speedup when a cycle costs 1/n of a full forward (design §5)."""
         return self.n * self.alpha if self.alpha is not None else None
 
     def as_dict(self) -> dict:

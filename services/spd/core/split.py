@@ -1,4 +1,4 @@
-"""Pipeline geometry: stage boundaries e[0..n], anchors B, and the depth rule of DESIGN §2.
+"""Pipeline geometry: stage boundaries e[0..n], anchors B, and the depth rule of design §2.
 
 Stage j (1-based) owns decoder layers (e[j-1], e[j]]; stage 1 also owns the embedding, stage n the
 final norm and LM head. H[l] is the residual stream after l layers, so anchor b is produced by the

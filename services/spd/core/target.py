@@ -40,11 +40,20 @@ def context_limit(stages: list[Stage]) -> int:
     return stages[0].config.max_position_embeddings
 
 
+def prompt_problem(length: int, context: int) -> str | None:
+    """Why a prompt of `length` tokens cannot run in a `context`-token model (None: it can). A prompt
+    that fills the context still yields one token: the last generated token needs no forward."""
+    if length == 0:
+        return "prompt is empty (it encodes to zero tokens)"
+    if length > context:
+        return f"prompt is {length} tokens; the model's context is {context}"
+    return None
+
+
 def check_prompt(prompt_ids: list[int], stages: list[Stage]) -> None:
-    if not prompt_ids:
-        raise ValueError("prompt is empty")
-    if len(prompt_ids) > context_limit(stages):
-        raise ValueError(f"prompt has {len(prompt_ids)} tokens; the context limit is {context_limit(stages)}")
+    problem = prompt_problem(len(prompt_ids), context_limit(stages))
+    if problem:
+        raise ValueError(problem)
 
 
 def max_new_tokens(prompt_len: int, stop: StopRule, stages: list[Stage]) -> int:

@@ -1,4 +1,4 @@
-"""The judgement step of DESIGN §4, shared by the in-process engine and the orchestrator.
+"""The judgement step of design §4, shared by the in-process engine and the orchestrator.
 
 The token leaving stage n at position `pos` carries the target distribution for pos+1. If a draft
 is waiting for pos+1 it is judged (greedy: exact match; sampling: rejection sampling, see
@@ -6,7 +6,7 @@ sampling.verify); otherwise the target picks the token itself. Either way exactl
 committed. Anything but an accept voids everything in flight behind it: the caller flushes and
 reseeds stage 1 with the committed token.
 
-Lockstep cycle count K (DESIGN §4): a token reseeded into stage 1 (after prefill, a rejection or a
+Lockstep cycle count K (design §4): a token reseeded into stage 1 (after prefill, a rejection or a
 judgement without a draft) needs n cycles to leave stage n; after an accept the next token is one
 cycle behind. So each commit after the first adds n if the previous commit reseeded, else 1.
 """

@@ -1,4 +1,4 @@
-"""EAGLE-3-style speculative decoding in one process (DESIGN §9): chain drafting + block verification.
+"""EAGLE-3-style speculative decoding in one process (design §9): chain drafting + block verification.
 
 Each round: the draft catches up on the newly verified positions and drafts a chain d_1..d_k; the
 target runs [last committed token, d_1..d_k] (k+1 tokens) in ONE forward; drafts are accepted

@@ -1,4 +1,4 @@
-"""Turn the harness's raw counts into DESIGN §5 metrics, a markdown report and PNG plots.
+"""Turn the harness's raw counts into design §5 metrics, a markdown report and PNG plots.
 
 Columns, per method (all ratios are over single-process greedy/sampled AR of the same target):
   S0    oracle speedup (draft cost 0): SPD/PPSD n·α, EAGLE-3 τ

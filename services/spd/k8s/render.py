@@ -297,7 +297,7 @@ def render(config: RenderConfig) -> list[dict]:
     objs.append(headless(c.orchestrator_zmq, "orchestrator", [("zmq", ZMQ_PORT)]))
     # The client-facing Service also publishes a not-ready orchestrator: its readiness means "the
     # pipeline is whole", and while a stage restarts the orchestrator itself holds new requests
-    # until the workers are back (DESIGN section 10: a slower stream, not an error); with one
+    # until the workers are back (design § 10: a slower stream, not an error); with one
     # orchestrator there is no other backend that withholding the endpoint could send clients to.
     objs.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(c, c.orchestrator, "orchestrator"), "spec": {
         "type": "ClusterIP", "publishNotReadyAddresses": True, "selector": c.selector("orchestrator"),

@@ -11,6 +11,7 @@ import grpc
 from spd.api.validation import InvalidRequest, Limits, validate
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule
+from spd.core.target import prompt_problem
 from spd.runtime import metrics
 from spd.runtime.driver import Driver
 from spd.runtime.jobs import Job
@@ -61,11 +62,9 @@ class SPDServicer(spd_pb2_grpc.SPDServicer):
             metrics.REQUESTS.labels("invalid").inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, e.message)
         ids = encode_prompt(self.tokenizer, req.prompt, req.chat() or None, raw=req.raw)
-        if not ids:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt encodes to zero tokens")
-        if len(ids) >= self.driver.cfg.context:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"prompt is {len(ids)} tokens; the model's context is {self.driver.cfg.context}")
+        problem = prompt_problem(len(ids), self.driver.cfg.context)  # the in-process engine's rule too
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         params = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed, req.coupling)
         stop = StopRule(req.max_tokens, self.eos_ids, req.stop, self.tokenizer)
         job = Job(req.request_id or uuid.uuid4().hex[:16], ids, params, stop)

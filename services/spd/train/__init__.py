@@ -1,1 +1,1 @@
-"""PDM training: data, teacher cache, aligned training (DESIGN §7)."""
+"""PDM training: data, teacher cache, aligned training (design §7)."""

@@ -1,4 +1,4 @@
-"""Aligned training forward (DESIGN §3, §7): every position's staircase in one masked PDM forward.
+"""Aligned training forward (design §3, §7): every position's staircase in one masked PDM forward.
 
 For a sequence of T positions, a fill level `a` and a schedule `s0` (pre 0, post 1), the staircase
 ending at position t holds t-o at depth s0+o for o < a; everything older is at depth n. The

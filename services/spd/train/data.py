@@ -103,7 +103,7 @@ def encode_chat(tokenizer, messages: list[dict], max_len: int) -> tuple[list[int
     (the content and closing tokens of an assistant turn, not the template's role header).
 
     Sequences longer than `max_len` are cut back to the last whole assistant turn that fits; None
-    when not even the first one fits (DESIGN §7: over-long sequences are dropped).
+    when not even the first one fits (design §7: over-long sequences are dropped).
     """
     ids: list[int] = []
     mask: list[bool] = []

@@ -1,4 +1,4 @@
-"""PDM training loop (DESIGN §7) over a teacher cache: aligned forward, KL to the teacher restricted to
+"""PDM training loop (design §7) over a teacher cache: aligned forward, KL to the teacher restricted to
 the draft vocabulary, AdamW with linear decay, checkpoint + resume, held-out top-1 agreement.
 
 Public API (reused by `spd train`, the benchmarks and the eval harness):
@@ -66,7 +66,7 @@ class TrainConfig:
 
 
 def sample_fill(n: int, rng: random.Random, p_full: float = 0.5, fill: str = "design") -> int:
-    """Simulated fill level. "design": a = n with probability p_full, else uniform in 1..n-1 (DESIGN §7).
+    """Simulated fill level. "design": a = n with probability p_full, else uniform in 1..n-1 (design §7).
 
     "judged:P": the fill levels of the drafts the engine actually judges when each judgement accepts
     with probability P: after a reject the a = 1 draft is judged next, after an accept the next fill
