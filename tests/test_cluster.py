@@ -253,3 +253,27 @@ def test_discovery_reflection_health_by_service_name_and_get_info(shared_cluster
         info = client.info()
     assert info["n"] == shared_cluster.cfg.n and info["context_length"] > 0 and info["max_concurrency"] == 1
     assert info["schedule"] == "pre" and info["max_tokens"] >= info["default_max_tokens"] > 0 and info["model"]
+
+
+def test_a_protocol_error_in_a_stage_is_reported_and_recovered_at_once(tiny_chat_model, shared_cluster):
+    # An (authenticated) RESEED beyond the stage's KV length breaks the protocol. The stage used to
+    # log it and go on, with the request stalled until the orchestrator's 20 s progress timeout.
+    want = ar_reference(tiny_chat_model, PROMPTS[0], 40)
+    ctx = zmq.Context()
+    tokens, stats, t0 = [], {}, time.monotonic()
+    try:
+        sock = data_plane_push(ctx, shared_cluster, shared_cluster.topology.stages[1])
+        with SPDClient(address(shared_cluster), timeout=60, retries=0) as client:
+            for i, chunk in enumerate(client.stream(PROMPTS[0], max_tokens=40)):
+                tokens += chunk.token_ids
+                stats = chunk.stats or stats
+                if i == 5:
+                    t0 = time.monotonic()
+                    wire.send(sock, "RESEED", {"rid": "x", "epoch": wire.next_epoch(0), "pos": 999, "slot": 0,
+                                               "base": 999, "token": 1}, timeout_ms=1000)
+        sock.close()
+    finally:
+        ctx.destroy(linger=0)
+    assert tokens == want
+    assert stats["recoveries"] >= 1
+    assert time.monotonic() - t0 < 10, "the fault waited for the progress timeout"

@@ -28,7 +28,7 @@ import torch
 import zmq
 
 KINDS = frozenset({"HELLO", "HEARTBEAT", "PREFILL", "HIDDEN", "ANCHORS", "DRAFT", "EXIT", "FLUSH",
-                   "RESEED", "CANCEL", "ACK", "ASSIGN"})  # known message types; frame 0 must be one of them
+                   "RESEED", "CANCEL", "ACK", "ASSIGN", "ERROR"})  # known message types; frame 0 must be one of them
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}  # wire name -> dtype

@@ -196,6 +196,9 @@ class Driver:
             missing = self.registry.missing(need_drafter=False)
             if missing:
                 raise Fault(f"{', '.join(missing)} stopped sending heartbeats")
+            if msg is not None and msg.kind == "ERROR" and self._current_error(msg):
+                raise Fault(f"{msg.header.get('role')} {msg.header.get('index')} reports a protocol error: "
+                            f"{msg.header.get('reason')}")
             run = self.runs.get(_slot_of(msg)) if msg is not None and msg.kind in ("DRAFT", "EXIT") else None
             if run is not None and msg.rid == run.job.rid and msg.epoch == run.epoch:
                 self._guard(run, run.on_message, msg)
@@ -203,6 +206,14 @@ class Driver:
                 self._guard(run, run.tick)
         except Fault as e:
             self._recover(str(e))
+
+    def _current_error(self, msg: wire.Message) -> bool:
+        """Does a worker's ERROR concern the present (not a message of an epoch already recovered from)?"""
+        slot = msg.header.get("slot")
+        if slot is None:  # a compute error: that worker's state is suspect
+            return True
+        run = self.runs.get(_slot_of(msg))
+        return run is not None and msg.epoch >= run.epoch
 
     def _guard(self, run: "Run", fn, *args) -> None:
         """Run one request's step; an error in it ends that request only (faults propagate)."""

@@ -199,7 +199,7 @@ class Cluster:
                 continue
             if p.popen is not None:
                 self._count_start_failure(p, now)
-                replace = self.cfg.spares and p.role != "orchestrator"
+                replace = self.cfg.spares and p.role not in ("orchestrator", "http")  # a worker: spares take its role
                 log.warning("[recover] %s exited with %s; %s", p.role, p.popen.returncode,
                             "starting a new spare" if replace else "restarting")
                 if replace:

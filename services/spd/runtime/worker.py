@@ -5,7 +5,9 @@ PREFILL brings new routes because a spare replaced one of them). It registers wi
 the orchestrator (HELLO with a fresh incarnation id) and sends heartbeats from a thread of its own
 (own socket), so a long forward never looks like a death. Malformed frames are
 dropped, logged and counted; messages of older epochs are dropped; messages of newer epochs wait
-for the control message (PREFILL / RESEED / CANCEL) that opens that epoch.
+for the control message (PREFILL / RESEED / CANCEL) that opens that epoch. A message that breaks
+the protocol (e.g. a KV length that does not match) is reported to the orchestrator (ERROR), which
+recovers the pipeline at once.
 """
 
 from __future__ import annotations
@@ -139,6 +141,11 @@ class Worker:
             self.dropped["protocol"] += 1
             where = f"{msg.kind} slot {msg.header.get('slot', 0)} pos {msg.header.get('pos')}" if msg else "compute"
             log.error("[protocol] %s %d dropped %s: %s", self.role, self.index, where, e)
+            # Loudly: the orchestrator recovers at once instead of waiting out its progress timeout.
+            about = {"rid": msg.header.get("rid", ""), "epoch": msg.header.get("epoch", 0), "slot": msg.header.get("slot", 0)} \
+                if msg else {"rid": "", "epoch": 0, "slot": None}
+            self.send(self.to_orch, "ERROR", {**about, "pos": 0, "role": self.role, "index": self.index,
+                                              "reason": f"{where}: {e}"[:500]})
 
     def handle(self, msg: wire.Message) -> None:
         raise NotImplementedError
