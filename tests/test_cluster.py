@@ -257,7 +257,8 @@ def test_discovery_reflection_health_by_service_name_and_get_info(shared_cluster
 
 def test_a_protocol_error_in_a_stage_is_reported_and_recovered_at_once(tiny_chat_model, shared_cluster):
     # An (authenticated) RESEED beyond the stage's KV length breaks the protocol. The stage used to
-    # log it and go on, with the request stalled until the orchestrator's 20 s progress timeout.
+    # log it and go on, dropping the request's real messages as older than the bad epoch, with the
+    # request stalled until the orchestrator's 20 s progress timeout (and its recovery lost too).
     want = ar_reference(tiny_chat_model, PROMPTS[0], 40)
     ctx = zmq.Context()
     tokens, stats, t0 = [], {}, time.monotonic()
@@ -269,8 +270,9 @@ def test_a_protocol_error_in_a_stage_is_reported_and_recovered_at_once(tiny_chat
                 stats = chunk.stats or stats
                 if i == 5:
                     t0 = time.monotonic()
-                    wire.send(sock, "RESEED", {"rid": "x", "epoch": wire.next_epoch(0), "pos": 999, "slot": 0,
-                                               "base": 999, "token": 1}, timeout_ms=1000)
+                    # an epoch 20 s ahead: the orchestrator's own would lose to it until it adopts it
+                    wire.send(sock, "RESEED", {"rid": "x", "epoch": wire.next_epoch(0) + 20_000_000, "pos": 999,
+                                               "slot": 0, "base": 999, "token": 1}, timeout_ms=1000)
         sock.close()
     finally:
         ctx.destroy(linger=0)

@@ -197,6 +197,8 @@ class Driver:
             if missing:
                 raise Fault(f"{', '.join(missing)} stopped sending heartbeats")
             if msg is not None and msg.kind == "ERROR" and self._current_error(msg):
+                if wire.plausible_epoch(msg.epoch):  # the recovery's epochs must win over the one that failed
+                    self.epoch = max(self.epoch, msg.epoch)
                 raise Fault(f"{msg.header.get('role')} {msg.header.get('index')} reports a protocol error: "
                             f"{msg.header.get('reason')}")
             run = self.runs.get(_slot_of(msg)) if msg is not None and msg.kind in ("DRAFT", "EXIT") else None
