@@ -48,7 +48,6 @@ class Worker:
             self.ctx, self.inbox = handover.ctx, handover.inbox
         self.stop = False
         self.dropped = {"malformed": 0, "stale": 0, "overflow": 0, "protocol": 0}
-        self.rid, self.epoch = "", -1
         self._routes_epoch = -1  # epoch of the PREFILL whose routes this worker follows
         self._connected: dict[str, str] = {}  # attribute name of a PUSH socket -> endpoint it is connected to
         self._connect()
@@ -91,7 +90,8 @@ class Worker:
         return s
 
     def send(self, sock: zmq.Socket, kind: str, header: dict, tensors=None) -> None:
-        if not wire.send(sock, kind, {"rid": self.rid, "epoch": max(self.epoch, 0), **header}, tensors, timeout_ms=2000):
+        """header must name the request: rid, epoch, slot, pos (each worker keeps them per slot)."""
+        if not wire.send(sock, kind, header, tensors, timeout_ms=2000):
             log.warning("[send] %s to a peer timed out (peer down?)", kind)
 
     def run(self) -> None:
