@@ -29,7 +29,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from spd.http_api.schema import ChatCompletionRequest, CompletionRequest, Unsupported, _Common
+from spd.http_api.schema import ChatCompletionRequest, CompletionRequest, OpenAIRequest, Unsupported
 from spd.runtime.health import check
 from spd_client.aio import AsyncSPDClient
 from spd_client.client import SPDError
@@ -101,7 +101,7 @@ def make_app(grpc_address: str, model_name: str, timeout_s: float = 600.0) -> Fa
     async def completions(body: CompletionRequest, request: Request):
         return await _complete(body, request, chat=False)
 
-    async def _complete(body: _Common, request: Request, chat: bool):
+    async def _complete(body: OpenAIRequest, request: Request, chat: bool):
         if body.model and body.model != model_name:
             return error(404, f"model '{body.model}' does not exist; this server serves '{model_name}'",
                          param="model", code="model_not_found")

@@ -50,7 +50,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class _Common(BaseModel):
+class OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI clients send many optional fields; see check()
     model: str | None = None  # must name the served model when given
     max_tokens: int | None = Field(None, ge=1)
@@ -84,7 +84,7 @@ class _Common(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1)
 
     def inputs(self) -> dict:
@@ -92,7 +92,7 @@ class ChatCompletionRequest(_Common):
         return {"messages": [(roles.get(m.role, m.role), m.text()) for m in self.messages]}
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(OpenAIRequest):
     prompt: str | list[str]
 
     def inputs(self) -> dict:
