@@ -182,7 +182,7 @@ class SPDEngine:
                 group = ready[g:g + max(stage.rows, 1)]
                 inputs = [(run.slot, run.slots[j][1], run.slots[j][0]) for _, run in group]
                 t0 = time.perf_counter()
-                outs = stage.forward_rows(inputs) if len(group) > 1 else [stage(inputs[0][1], inputs[0][2], inputs[0][0])]
+                outs = stage.forward_rows(inputs)
                 dt = time.perf_counter() - t0
                 for (i, run), out in zip(group, outs):
                     pos, _ = run.slots[j]

@@ -137,11 +137,7 @@ class StageWorker(Worker):
     def _forward_batch(self, group: list[tuple[int, wire.Message]]) -> None:
         inputs = [(sid, *next(_inputs(m))) for sid, m in group]  # (slot, pos, tokens, x)
         t0 = time.perf_counter()
-        if len(group) == 1:
-            sid, pos, _, x = inputs[0]
-            outs = [self.stage(x, pos, sid)]
-        else:
-            outs = self.stage.forward_rows([(sid, x, pos) for sid, pos, _, x in inputs])
+        outs = self.stage.forward_rows([(sid, x, pos) for sid, pos, _, x in inputs])
         t_ms = 1e3 * (time.perf_counter() - t0)
         for (sid, msg), (_, pos, tokens, _), out in zip(group, inputs, outs):
             self._send_on(sid, msg, pos, tokens, out, t_ms, batch=len(group))
