@@ -30,7 +30,7 @@ COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY client ./client
 COPY services ./services
-RUN pip install . && cd / && rm -rf /src
+RUN pip install ./client . && cd / && rm -rf /src
 RUN groupadd --system --gid 10001 spd \
     && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin spd
 WORKDIR /tmp

@@ -237,7 +237,7 @@ def test_remote_command_streams_text_and_reports_errors(serve, capsys):
                      top_p=1.0, seed=0, stop=[], json=False)
     assert run_remote(args) == 0
     captured = capsys.readouterr()
-    assert captured.out == "".join(WORDS) + "\n" and "[length] N=10 K=5" in captured.err
+    assert captured.out == "".join(WORDS) + "\n" and "[length] 10 tokens in 5 pipeline cycles" in captured.err
     args.address = serve(FakeSPD(fail_first=1, fail_code=grpc.StatusCode.INVALID_ARGUMENT))
     assert run_remote(args) == 1
     assert "INVALID_ARGUMENT: fake failure 1" in capsys.readouterr().err

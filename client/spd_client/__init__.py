@@ -7,6 +7,10 @@ generated stubs in spd_client.v1 are missing or broken.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # type checkers see the real names; at run time they load on first use
+    from spd_client.client import Chunk, Params, Result, SPDClient, SPDError, StreamDivergedError
 
 __all__ = ["Chunk", "Params", "Result", "SPDClient", "SPDError", "StreamDivergedError"]
 

@@ -52,7 +52,10 @@ def _stream(client: SPDClient, prompt: str, params: dict) -> int:
 
 
 def _summary(finish: str, s: dict) -> str:
-    return (f"[{finish}] N={s.get('generated_tokens', 0)} K={s.get('cycles', 0)} alpha={s.get('alpha', 0.0):.3f} "
-            f"n={s.get('n', 0)} accepts={s.get('accepts', 0)} rejects={s.get('rejects', 0)} "
-            f"flushes={s.get('flushes', 0)} ttft={s.get('ttft_ms', 0.0):.0f}ms "
-            f"decode={s.get('tokens_per_s', 0.0):.1f} tok/s")
+    """One line for someone who has not read the paper: what SPD did, in words, with its symbols."""
+    n, alpha = s.get("n", 0), s.get("alpha", 0.0)
+    return (f"[{finish}] {s.get('generated_tokens', 0)} tokens in {s.get('cycles', 0)} pipeline cycles: "
+            f"a token in {alpha:.0%} of cycles (alpha), so at most {n * alpha:.1f}x plain decoding with "
+            f"n={n} stages (S0 = n*alpha) | drafter right {s.get('accepts', 0)}, wrong {s.get('rejects', 0)} "
+            f"(each miss flushes the pipeline: {s.get('flushes', 0)}) | first token {s.get('ttft_ms', 0.0):.0f} ms, "
+            f"then {s.get('tokens_per_s', 0.0):.1f} tok/s")
