@@ -3,6 +3,7 @@
 The guarantee (core/stage.py): a stage with `rows = R` runs every single-token forward at the fixed
 shape of R rows, so a request's hidden states, anchors and logits are bit-identical whether it runs
 alone or batched with up to R - 1 others, whatever those others are and at whatever positions.
+The drafter's batched drafts keep the same guarantee (core/drafter.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import pytest
 import torch
 
 from conftest import pipeline
+from spd.core.drafter import DrafterState
+from spd.core.pdm import random_pdm
+from spd.core.sampling import SamplingParams
+from spd.core.split import default_anchors
 from spd.core.target import run_through
 
 
@@ -98,3 +103,41 @@ def test_forward_rows_refuses_more_tokens_than_rows_and_repeated_slots(tiny_dir)
         stage.forward_rows([(0, x, 0), (1, x, 0), (2, x, 0)])
     with pytest.raises(ValueError):
         stage.forward_rows([(0, x, 0), (0, x, 0)])
+
+
+def _drafter(model, n: int, rows: int, seed: int, committed: int, fill: int):
+    """A drafter state with `committed` positions at depth n and `fill` in flight on the staircase
+    (newest at depth 0), its anchors random but fixed by `seed`."""
+    config, split, stages = pipeline(model, n)
+    pdm = random_pdm(config, default_anchors(split), num_layers=2, seed=1)
+    state = DrafterState(pdm, stages[0].embed, split, rows)
+    g = torch.Generator().manual_seed(seed)
+    d = config.hidden_size
+
+    def anchors(count):
+        return {b: torch.randn(count, d, generator=g) for b in pdm.config.anchors}
+
+    state.enter(0, torch.randint(0, config.vocab_size, (committed,), generator=g))
+    state.observe(0, committed, n, anchors(committed))
+    for o in range(fill):
+        state.enter(committed + o, torch.randint(0, config.vocab_size, (1,), generator=g))
+        for q in range(committed, committed + o):  # every older in-flight token goes one stage deeper
+            state.observe(q, 1, state.depth[q] + 1, anchors(1))
+    return state
+
+
+def test_a_draft_batched_with_others_is_exactly_the_draft_alone(tiny_dir):
+    model = tiny_dir("llama", vocab_size=256, num_layers=4, hidden_size=64)
+    n, rows, params = 4, 4, SamplingParams(temperature=1.0, seed=3)
+    shapes = [(7, 4), (12, 1), (3, 3)]  # (committed, fill): different lengths, fills and catch-ups
+
+    def states():
+        return [_drafter(model, n, rows, seed, c, a) for seed, (c, a) in enumerate(shapes)]
+
+    alone = [DrafterState.draft_many([(s, params, None)])[0] for s in states()]
+    together = DrafterState.draft_many([(s, params, None) for s in states()])
+    backwards = DrafterState.draft_many([(s, params, None) for s in reversed(states())])[::-1]
+    for a, b, c in zip(alone, together, backwards):
+        assert a.token == b.token == c.token and a.fill == b.fill == c.fill
+        assert torch.equal(a.q, b.q) and torch.equal(a.q, c.q)
+    assert [d.fill for d in alone] == [a for _, a in shapes]

@@ -26,7 +26,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-port", type=int, default=0, help="grpc.health.v1 port (0 = none)")
     p.add_argument("--health-host", default="127.0.0.1", help="health bind address (default 127.0.0.1)")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests the pipeline decodes at once: a stage "
-                   "runs single tokens at this fixed batch shape (batch-invariant); must match the orchestrator's")
+                   "runs single tokens, the drafter its drafts, at this fixed batch shape (batch-invariant); must "
+                   "match the orchestrator's")
 
 
 def add_parser(sub) -> None:
@@ -153,7 +154,7 @@ def _drafter_state(args, topology, model_dir, config, split, dtype):
     from spd.core.stage import load_embedding
 
     pdm = load_pdm(args.draft, model_dir, config, split, args.ls, args.device, dtype)
-    return DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split)
+    return DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split, rows=args.max_concurrency)
 
 
 def run_stage(args) -> int:

@@ -8,6 +8,15 @@ is computed here from the drafter's own copy of the embedding table (`enter`).
 contiguous prefix; their PDM keys/values never change again (depth-n positions only attend to
 depth-n positions), so they stay cached. The staircase of in-flight positions is recomputed each
 call and dropped from the cache afterwards (design §3: attention rule, inference = training).
+
+Several requests draft together (`DrafterState.draft_many`, up to `rows` per forward), and a draft
+never depends on what else is drafted with it (batch invariance, as for the stages): every draft
+runs its newest `block` = n + 2 positions (the n in flight, and those that reached depth n since
+the last draft) as one block padded to that length, the block of each of `rows` requests stacked
+into one fixed shape [rows, block] (fusions, layers and head run at that shape; attention per
+request over its own cache). Older positions not yet cached are all at depth n; they first run
+into the cache alone, as one chunk of their own length (after a prefill: the prompt). Alone or
+batched, a request takes this same path.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from torch import nn
 from spd.core.kv_cache import KVCache
 from spd.core.masks import causal_mask
 from spd.core.pdm import PDM
+from spd.core.row_attention import RowsCache
 from spd.core.sampling import STREAM_DRAFT, SamplingParams, coupled_sample, keyed_generator, process, sample
 from spd.core.split import PipelineSplit
 
@@ -32,9 +42,14 @@ class Draft:
     fill: int  # staircase length a: positions with depth < n that the PDM saw
 
 
+BLOCK_SLACK = 2  # a draft block holds the n in-flight positions and this many more
+
+
 class DrafterState:
-    def __init__(self, pdm: PDM, embed: nn.Embedding, split: PipelineSplit):
+    def __init__(self, pdm: PDM, embed: nn.Embedding, split: PipelineSplit, rows: int = 1):
         self.pdm, self.embed, self.split = pdm, embed, split
+        self.rows = rows  # draft_many's batch shape: drafts of up to `rows` requests run as one forward
+        self.block = split.n + BLOCK_SLACK  # positions of a draft block (see the module docstring)
         self.anchors = tuple(pdm.config.anchors)
         self._slot = {b: i for i, b in enumerate(self.anchors)}
         # eligible-prefix length for each depth 0..n
@@ -44,7 +59,7 @@ class DrafterState:
 
     def fork(self) -> "DrafterState":
         """A fresh state for another request, sharing the PDM and the embedding."""
-        return DrafterState(self.pdm, self.embed, self.split)
+        return DrafterState(self.pdm, self.embed, self.split, self.rows)
 
     def reset(self) -> None:
         self.states = torch.zeros(0, len(self.anchors), self.pdm.config.target_hidden, device=self.pdm.d2t.device)  # [T, m, d]
@@ -95,7 +110,6 @@ class DrafterState:
         C = self.cache.length
         return len(depths) == self.length and all(seen >= want for seen, want in zip(self.depth[C:], depths[C:]))
 
-    @torch.inference_mode()
     def draft(self, params: SamplingParams, depths: list[int] | None = None) -> Draft:
         """Propose the token after the newest position.
 
@@ -103,15 +117,25 @@ class DrafterState:
         far (in the lockstep engine these are exactly the staircase). Anchors deeper than asked are
         ignored, so a distributed drafter drafts exactly what the lockstep engine would.
         """
-        n, C, T = self.split.n, self.cache.length, self.length
-        depths = (depths if depths is not None else self.depth)[C:]
-        num_eligible = torch.tensor([self._eligible[k] for k in depths])
-        g = self.pdm.fuse(self.states[C:T], num_eligible)  # [Q, w]
-        h = self.pdm.hidden(g, torch.arange(C, T, device=g.device), causal_mask(T - C, C, g.device), cache=self.cache)  # [Q, w]
+        return DrafterState.draft_many([(self, params, depths)])[0]
+
+    @staticmethod
+    @torch.inference_mode()
+    def draft_many(jobs: list[tuple["DrafterState", SamplingParams, list[int] | None]]) -> list[Draft]:
+        """`draft` for several requests' states (of one PDM), `rows` of them per forward."""
+        rows = max(jobs[0][0].rows, 1) if jobs else 1
+        return [d for g in range(0, len(jobs), rows) for d in _draft_block(jobs[g:g + rows], rows)]
+
+    def _catch_up(self, depths: list[int]) -> None:
+        """Run the uncached positions older than the draft block into the PDM cache, alone."""
+        C, end, n = self.cache.length, self.length - self.block, self.split.n
+        if end <= C:
+            return
+        if any(k < n for k in depths[C:end]):
+            raise RuntimeError(f"drafter: a position before the last {self.block} is still in flight")
+        g = self.pdm.fuse(self.states[C:end], torch.full((end - C,), self._eligible[n]))  # [end - C, w]
+        self.pdm.hidden(g, torch.arange(C, end, device=g.device), causal_mask(end - C, C, g.device), cache=self.cache)
         self.cache.commit()
-        done = next((i for i, k in enumerate(depths) if k < n), len(depths))  # leading depth-n positions
-        self.cache.truncate(C + done)
-        return self._pick(self.pdm.logits(h[-1]), T, params, fill=len(depths) - done)  # only the newest row
 
     def _pick(self, logits: torch.Tensor, position: int, params: SamplingParams, fill: int) -> Draft:
         """logits: [V_s] over the draft vocabulary -> a target-vocabulary token (and q when sampling)."""
@@ -128,3 +152,33 @@ class DrafterState:
         if self.states.shape[0] < length:
             grow = self.states.new_zeros(max(length, 2 * self.states.shape[0]) - self.states.shape[0], *self.states.shape[1:])
             self.states = torch.cat([self.states, grow])
+
+
+def _draft_block(jobs: list[tuple[DrafterState, SamplingParams, list[int] | None]], P: int) -> list[Draft]:
+    """Drafts for up to P states as one forward at the fixed shape [P, Q] (see the module docstring)."""
+    first = jobs[0][0]
+    pdm, Q, n, m = first.pdm, first.block, first.split.n, len(first.anchors)
+    anchors = first.states.new_zeros(P, Q, m, pdm.config.target_hidden)  # [P, Q, m, d]; padding stays zero
+    eligible = torch.ones(P, Q, dtype=torch.long)  # [P, Q]; padding rows: the embedding-only fusion
+    positions = torch.zeros(P, Q, dtype=torch.long, device=anchors.device)  # [P, Q]
+    spans, masks, newest = [], [], [0] * P  # spans[b] = (C, real positions q, leading depth-n positions)
+    for b, (state, _, depths) in enumerate(jobs):
+        depths = list(depths if depths is not None else state.depth)
+        state._catch_up(depths)
+        C, T = state.cache.length, state.length
+        q = T - C  # 1..Q: the block's real positions C..T-1
+        anchors[b, :q] = state.states[C:T]
+        eligible[b, :q] = torch.tensor([state._eligible[k] for k in depths[C:T]])
+        positions[b] = torch.arange(C, C + Q)
+        masks.append(causal_mask(Q, C, anchors.device))  # [1, 1, Q, C + Q]: padding sits after the real rows
+        spans.append((C, q, next((i for i, k in enumerate(depths[C:T]) if k < n), q)))
+        newest[b] = q - 1
+    g = pdm.fuse_fixed(anchors.view(P * Q, m, -1), eligible.view(-1)).view(P, Q, -1)  # [P, Q, w]
+    h = pdm.hidden(g, positions, None, cache=RowsCache([s.cache for s, _, _ in jobs], masks))  # [P, Q, w]
+    logits = pdm.logits(h[torch.arange(P), torch.tensor(newest)])  # [P, V_s]: each request's newest row
+    drafts = []
+    for b, ((state, params, _), (C, q, done)) in enumerate(zip(jobs, spans)):
+        state.cache.commit()
+        state.cache.truncate(C + done)  # keep the depth-n prefix; the staircase is recomputed next time
+        drafts.append(state._pick(logits[b], state.length, params, fill=q - done))
+    return drafts

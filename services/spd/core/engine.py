@@ -152,8 +152,7 @@ class SPDEngine:
             run.stats.cycles += 1
             records.append({"cycle": run.stats.cycles, "in_flight": sum(s is not None for s in run.slots)})
         if self.schedule == "pre":
-            for run, record in zip(runs, records):
-                self._draft(run, record)
+            self._draft(list(zip(runs, records)))
         exits = self._forward_stages(runs)
         committed = []
         for run, record, exiting in zip(runs, records, exits):
@@ -163,12 +162,14 @@ class SPDEngine:
                 token = self._judge(run, *exiting, record)
                 run.stats.verify_s += time.perf_counter() - t0
                 run.stats.generated_tokens += 1
-            if self.schedule == "post" and run.finish is None and run.slots[0] is None:
-                self._draft(run, record)
+            committed.append(token)
+        if self.schedule == "post":
+            self._draft([(run, record) for run, record in zip(runs, records)
+                         if run.finish is None and run.slots[0] is None])
+        for run, record in zip(runs, records):
             self._admit_draft(run)
             if self.tracing:
                 run.trace.append(record)
-            committed.append(token)
         return committed
 
     def _forward_stages(self, runs: list[_Run]) -> list[tuple[int, torch.Tensor] | None]:
@@ -223,21 +224,29 @@ class SPDEngine:
             run.drafter.truncate(pos)
             run.drafter.enter(pos, torch.tensor([token]))
 
-    def _draft(self, run: _Run, record: dict) -> None:
-        """Ask the run's drafter for the next token; it waits in `tokens` until the cycle's verdict."""
-        next_pos = len(run.tokens)
-        if run.drafter is None or not run.verifier.wants_draft(next_pos, self._ctx):
+    def _draft(self, runs: list[tuple[_Run, dict]]) -> None:
+        """Ask each run's drafter for its next token, all in one batched draft; a draft waits in
+        `tokens` until the cycle's verdict."""
+        wanting = [(run, record) for run, record in runs
+                   if run.drafter is not None and run.verifier.wants_draft(len(run.tokens), self._ctx)]
+        if not wanting:
             return
         t0 = time.perf_counter()
-        depths = run.drafter.staircase(run.base, s0=0 if self.schedule == "pre" else 1)
-        assert run.drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
-        draft: Draft = run.drafter.draft(run.verifier.params, depths)
-        run.stats.draft_s += time.perf_counter() - t0
-        assert draft.position == next_pos, (draft.position, next_pos)
-        run.tokens.append(draft.token)
-        run.waiting = next_pos
-        run.verifier.offer(next_pos, draft.token, draft.q)
-        record.update(drafted=draft.token, fill=draft.fill)
+        jobs = []
+        for run, _ in wanting:
+            depths = run.drafter.staircase(run.base, s0=0 if self.schedule == "pre" else 1)
+            assert run.drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
+            jobs.append((run.drafter, run.verifier.params, depths))
+        drafts: list[Draft] = type(jobs[0][0]).draft_many(jobs)
+        dt = time.perf_counter() - t0
+        for (run, record), draft in zip(wanting, drafts):
+            next_pos = len(run.tokens)
+            run.stats.draft_s += dt  # what this request waited for its draft
+            assert draft.position == next_pos, (draft.position, next_pos)
+            run.tokens.append(draft.token)
+            run.waiting = next_pos
+            run.verifier.offer(next_pos, draft.token, draft.q)
+            record.update(drafted=draft.token, fill=draft.fill)
 
     def _admit_draft(self, run: _Run) -> None:
         """A draft that survived the cycle's verdict enters stage 1."""

@@ -21,6 +21,8 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+from spd.core.row_attention import ROWS
+
 
 @dataclass
 class PDMConfig:
@@ -52,7 +54,7 @@ class PDMConfig:
             num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            attn_implementation="sdpa",
+            attn_implementation=ROWS,  # sdpa, and per-request histories for batched drafts
         )
 
 
@@ -95,6 +97,15 @@ class PDM(nn.Module):
                 out = g.new_empty(anchors.shape[0], self.config.hidden_size)
             out[rows] = g
         return out if out is not None else anchors.new_empty(0, self.config.hidden_size)
+
+    def fuse_fixed(self, anchors: torch.Tensor, num_eligible: torch.Tensor) -> torch.Tensor:
+        """`fuse` at a fixed shape: each fusion that some row needs runs over all Q rows, so a row's
+        result does not depend on how many other rows share its eligible count (batch invariance)."""
+        out = anchors.new_zeros(anchors.shape[0], self.config.hidden_size)  # [Q, w]
+        for k in num_eligible.unique().tolist():
+            rows = num_eligible == k
+            out[rows] = self.fusions[k - 1](anchors[:, :k])[rows]
+        return out
 
     def forward(self, g: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache=None) -> torch.Tensor:
         """Draft-vocabulary logits for fused features.

@@ -57,6 +57,10 @@ class ScriptedDrafter:
     def ready(self, depths: list[int]) -> bool:
         return all(seen >= want for seen, want in zip(self.depth, depths))
 
+    @staticmethod
+    def draft_many(jobs: list[tuple["ScriptedDrafter", SamplingParams, list[int] | None]]) -> list[Draft]:
+        return [state.draft(params, depths) for state, params, depths in jobs]
+
     def draft(self, params: SamplingParams, depths: list[int] | None = None) -> Draft:
         pos = self.length
         token = self.oracle[pos] if pos < len(self.oracle) else 0

@@ -1,5 +1,7 @@
 """The drafter as a process: collects anchor states from the stages and drafts one token per cycle
-for every request in flight, each in its own slot (own drafter state, epochs and buffers).
+for every request in flight, each in its own slot (own drafter state, epochs and buffers). Once
+the queued messages are handled, every slot that is ready drafts, all in one batched forward
+(`DrafterState.draft_many`, batch-invariant).
 
 It drafts the token after a request's newest one as soon as every position has been seen at the
 depth the staircase prescribes (pre-step: the newest at depth 0, the one before at depth 1, ...),
@@ -75,9 +77,6 @@ class DrafterWorker(Worker):
                     slot.future.append(msg)
                 return
             self._observe(slot, msg)
-        else:
-            return
-        self._maybe_draft(sid, slot)
 
     def _open_epoch(self, slot: _Slot, msg: wire.Message) -> None:
         h = msg.header
@@ -121,22 +120,35 @@ class DrafterWorker(Worker):
         anchors = {int(k[1:]): v[:count] for k, v in msg.tensors.items()}
         slot.state.observe(msg.pos, count, h["stage"], anchors)
 
-    def _maybe_draft(self, sid: int, slot: _Slot) -> None:
+    def after_messages(self) -> None:
+        """Draft for every slot that is ready, as one batched draft."""
+        ready = [(sid, slot, depths) for sid, slot in self.slots.items()
+                 if (depths := self._ready_depths(sid, slot)) is not None]
+        if not ready:
+            return
+        t0 = time.perf_counter()
+        drafts = type(self.state).draft_many([(slot.state, slot.params, depths) for _, slot, depths in ready])
+        t_ms = 1e3 * (time.perf_counter() - t0)  # what each of them waited
+        for (sid, slot, _), d in zip(ready, drafts):
+            self._send_draft(sid, slot, d, t_ms, len(ready))
+
+    def _ready_depths(self, sid: int, slot: _Slot) -> list[int] | None:
+        """The staircase to draft the slot's next token with, if it may draft now."""
         state = slot.state
         pos = state.length  # the position a draft would take
         if pos <= slot.base or pos >= slot.limit:  # first token not committed yet / limit reached
-            return
+            return None
         depths = state.staircase(slot.base, slot.s0)
         if not state.ready(depths):
             log.debug("slot %d not ready for %d: seen %s want %s", sid, pos, state.depth[-4:], depths[-4:])
-            return
-        t0 = time.perf_counter()
-        d = state.draft(slot.params, depths)
-        t_ms = 1e3 * (time.perf_counter() - t0)
-        state.enter(pos, torch.tensor([d.token]))
-        head = {"rid": slot.rid, "epoch": slot.epoch, "slot": sid, "pos": pos, "base": slot.base, "token": d.token,
-                "t_ms": t_ms, "fill": d.fill}
-        log.debug("[draft] slot %d epoch %d pos %d token %d", sid, slot.epoch, pos, d.token)
+            return None
+        return depths
+
+    def _send_draft(self, sid: int, slot: _Slot, d, t_ms: float, batch: int) -> None:
+        slot.state.enter(d.position, torch.tensor([d.token]))
+        head = {"rid": slot.rid, "epoch": slot.epoch, "slot": sid, "pos": d.position, "base": slot.base,
+                "token": d.token, "t_ms": t_ms, "fill": d.fill, "batch": batch}
+        log.debug("[draft] slot %d epoch %d pos %d token %d (batch %d)", sid, slot.epoch, d.position, d.token, batch)
         self.send(self.to_stage1, "DRAFT", head)
         tensors = None
         if d.q is not None:
