@@ -9,6 +9,7 @@ import re
 import socket
 from pathlib import Path
 
+from spd.runtime.gather import GATHER
 from spd.runtime.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=1, help="requests the pipeline decodes at once: a stage "
                    "runs single tokens, the drafter its drafts, at this fixed batch shape (batch-invariant); must "
                    "match the orchestrator's")
+    p.add_argument("--gather", type=float, default=GATHER, help="stage 1 and the drafter hold ready work while other "
+                   "requests are decoding, for at most this many of their recent compute times, so that requests "
+                   "run through the stages as one batch (0 = off)")
 
 
 def add_parser(sub) -> None:
@@ -166,7 +170,7 @@ def run_stage(args) -> int:
     if args.of != topology.n or not 1 <= args.index <= topology.n:
         raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {topology.n} stages")
     server, health = _serve_health(args)
-    return _serve_worker(StageWorker(topology, args.index, _stage(args, *setup, args.index)), server, health)
+    return _serve_worker(StageWorker(topology, args.index, _stage(args, *setup, args.index), gather=args.gather), server, health)
 
 
 def run_drafter(args) -> int:
@@ -174,7 +178,7 @@ def run_drafter(args) -> int:
 
     setup = _setup(args)
     server, health = _serve_health(args)
-    return _serve_worker(DrafterWorker(setup[0], _drafter_state(args, *setup)), server, health)
+    return _serve_worker(DrafterWorker(setup[0], _drafter_state(args, *setup), gather=args.gather), server, health)
 
 
 def run_spare(args) -> int:
@@ -201,9 +205,10 @@ def run_spare(args) -> int:
         topology = Topology.from_dict(a["routes"])
         setup = (topology, *setup[1:])
         if a["role"] == "stage":
-            worker = StageWorker(topology, a["index"], _stage(args, *setup, a["index"]), args.endpoint, spare)
+            worker = StageWorker(topology, a["index"], _stage(args, *setup, a["index"]), args.endpoint, spare,
+                                 gather=args.gather)
         else:
-            worker = DrafterWorker(topology, _drafter_state(args, *setup), args.endpoint, spare)
+            worker = DrafterWorker(topology, _drafter_state(args, *setup), args.endpoint, spare, gather=args.gather)
         worker.run()
     finally:
         if server:

@@ -25,6 +25,7 @@ import torch
 from spd import wire
 from spd.core.drafter import DrafterState
 from spd.core.sampling import SamplingParams
+from spd.runtime.gather import GATHER, Gather
 from spd.runtime.topology import Topology
 from spd.runtime.worker import MAX_PENDING, Worker
 
@@ -49,10 +50,11 @@ class DrafterWorker(Worker):
     role = "drafter"
 
     def __init__(self, topology: Topology, state: DrafterState, endpoint: str | None = None,
-                 handover: Worker | None = None):
+                 handover: Worker | None = None, gather: float = GATHER):
         super().__init__(topology, endpoint or topology.drafter, 0, handover)
         self.state = state  # the prototype: slot k drafts with state.fork()
         self.slots: dict[int, _Slot] = {}
+        self.gather = Gather(gather)  # ready drafts wait a little for the other decoding slots
 
     def _routes(self) -> dict[str, str]:
         return {**super()._routes(), "to_stage1": self.topology.stages[0]}
@@ -126,9 +128,15 @@ class DrafterWorker(Worker):
                  if (depths := self._ready_depths(sid, slot)) is not None]
         if not ready:
             return
+        decoding = sum(slot.base < slot.state.length < slot.limit for slot in self.slots.values())
+        self.wake_at = self.gather.hold_until(len(ready), decoding, time.monotonic())
+        if self.wake_at is not None:
+            return
         t0 = time.perf_counter()
         drafts = type(self.state).draft_many([(slot.state, slot.params, depths) for _, slot, depths in ready])
-        t_ms = 1e3 * (time.perf_counter() - t0)  # what each of them waited
+        dt = time.perf_counter() - t0
+        self.gather.observe(dt)
+        t_ms = 1e3 * dt  # what each of them waited
         for (sid, slot, _), d in zip(ready, drafts):
             self._send_draft(sid, slot, d, t_ms, len(ready))
 

@@ -21,6 +21,7 @@ import torch
 from spd import wire
 from spd.core.sampling import SamplingParams, choose, process
 from spd.core.stage import Stage
+from spd.runtime.gather import GATHER, Gather
 from spd.runtime.topology import Topology
 from spd.runtime.worker import MAX_PENDING, Worker
 
@@ -34,6 +35,7 @@ class _Slot:
     epoch: int = -1
     base: int = 0  # first position of the current epoch's fill
     params: SamplingParams = field(default_factory=SamplingParams)
+    limit: int = 0  # positions below this may still get a draft (the request's draft limit)
     pending: dict[int, wire.Message] = field(default_factory=dict)  # pos -> input of the current epoch
     future: list[wire.Message] = field(default_factory=list)  # inputs of epochs not opened yet
 
@@ -42,11 +44,12 @@ class StageWorker(Worker):
     role = "stage"
 
     def __init__(self, topology: Topology, index: int, stage: Stage, endpoint: str | None = None,
-                 handover: Worker | None = None):
+                 handover: Worker | None = None, gather: float = GATHER):
         self.first, self.last = index == 1, index == topology.n
         super().__init__(topology, endpoint or topology.stages[index - 1], index, handover)
         self.stage = stage
         self.slots: dict[int, _Slot] = {}
+        self.gather = Gather(gather)  # stage 1: ready tokens wait a little for the other decoding slots
 
     def _routes(self) -> dict[str, str]:
         t = self.topology
@@ -80,7 +83,7 @@ class StageWorker(Worker):
             self.stage.release(sid)
             return
         if msg.kind == "PREFILL":
-            slot.params = SamplingParams(**h["params"])
+            slot.params, slot.limit = SamplingParams(**h["params"]), h["draft_limit"]
             slot.base = 0
             self.stage.truncate(0, sid)
             if self.first:
@@ -107,23 +110,36 @@ class StageWorker(Worker):
         buf.append(msg)
 
     def after_messages(self) -> None:
-        """Run everything that is ready: chunks alone, single tokens of several slots batched."""
+        """Run everything that is ready: chunks alone, single tokens of several slots batched
+        (stage 1 first gathers them: runtime/gather.py)."""
         while True:
-            ready = [(sid, slot.pending.pop(self.stage.kv_length_of(sid))) for sid, slot in self.slots.items()
-                     if self.stage.kv_length_of(sid) in slot.pending]
-            if not ready:
+            ready = [sid for sid, slot in self.slots.items() if self.stage.kv_length_of(sid) in slot.pending]
+            chunks = [sid for sid in ready if _tokens_in(self._next_input(sid)) != 1]
+            for sid in chunks:
+                self._forward_chunks(sid, self._take_input(sid))
+            if chunks:
+                continue  # look again: a slot's next token may be ready now
+            if not ready or (self.first and self._gathering(len(ready))):
                 break
-            singles = [(sid, m) for sid, m in ready if _tokens_in(m) == 1]
-            for sid, m in ready:
-                if _tokens_in(m) != 1:
-                    self._forward_chunks(sid, m)
             rows = max(self.stage.rows, 1)
-            for g in range(0, len(singles), rows):
-                self._forward_batch(singles[g:g + rows])
+            for g in range(0, len(ready), rows):
+                self._forward_batch([(sid, self._take_input(sid)) for sid in ready[g:g + rows]])
         for sid, slot in self.slots.items():
             if len(slot.pending) > MAX_PENDING:
                 slot.pending.clear()
                 self.dropped["overflow"] += 1
+
+    def _next_input(self, sid: int) -> wire.Message:
+        return self.slots[sid].pending[self.stage.kv_length_of(sid)]
+
+    def _take_input(self, sid: int) -> wire.Message:
+        return self.slots[sid].pending.pop(self.stage.kv_length_of(sid))
+
+    def _gathering(self, ready: int) -> bool:
+        """Hold `ready` single tokens while other slots are decoding (wake up at `wake_at`)."""
+        decoding = sum(0 < self.stage.kv_length_of(sid) < slot.limit for sid, slot in self.slots.items())
+        self.wake_at = self.gather.hold_until(ready, decoding, time.monotonic())
+        return self.wake_at is not None
 
     # -- compute ----------------------------------------------------------------------------------
 
@@ -138,6 +154,7 @@ class StageWorker(Worker):
         inputs = [(sid, *next(_inputs(m))) for sid, m in group]  # (slot, pos, tokens, x)
         t0 = time.perf_counter()
         outs = self.stage.forward_rows([(sid, x, pos) for sid, pos, _, x in inputs])
+        self.gather.observe(time.perf_counter() - t0)
         t_ms = 1e3 * (time.perf_counter() - t0)
         for (sid, msg), (_, pos, tokens, _), out in zip(group, inputs, outs):
             self._send_on(sid, msg, pos, tokens, out, t_ms, batch=len(group))

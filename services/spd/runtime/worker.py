@@ -47,6 +47,7 @@ class Worker:
         else:  # a spare taking a role: same context, same bound inbox (its endpoint is now this role's)
             self.ctx, self.inbox = handover.ctx, handover.inbox
         self.stop = False
+        self.wake_at: float | None = None  # monotonic time to call after_messages even if nothing arrives
         self.dropped = {"malformed": 0, "stale": 0, "overflow": 0, "protocol": 0}
         self._routes_epoch = -1  # epoch of the PREFILL whose routes this worker follows
         self._connected: dict[str, str] = {}  # attribute name of a PUSH socket -> endpoint it is connected to
@@ -110,14 +111,20 @@ class Worker:
         ready together can run as one batch."""
         self._beats.start()
         while not self.stop:
-            msg, handled = self._recv(POLL_MS), 0
+            msg, handled = self._recv(self._poll_ms()), 0
             while msg is not None:
                 self._guarded(self._route_and_handle, msg)
                 handled += 1
                 msg = self._recv(0) if handled < MAX_DRAIN and not self.stop else None
-            if handled:
+            if handled or (self.wake_at is not None and time.monotonic() >= self.wake_at):
+                self.wake_at = None
                 self._guarded(lambda _: self.after_messages(), None)
         self._beats.join(timeout=2 * HEARTBEAT_S)
+
+    def _poll_ms(self) -> int:
+        if self.wake_at is None:
+            return POLL_MS
+        return max(0, min(POLL_MS, int(1e3 * (self.wake_at - time.monotonic()) + 0.999)))
 
     def _recv(self, timeout_ms: int) -> wire.Message | None:
         try:
@@ -151,7 +158,7 @@ class Worker:
         raise NotImplementedError
 
     def after_messages(self) -> None:
-        """Called once the queued messages are handled (stages compute here)."""
+        """Called once the queued messages are handled (stages compute here), and at `wake_at`."""
 
     def plausible(self, control: wire.Message) -> bool:
         """A control message may open its epoch only if that epoch is not from the far future."""
