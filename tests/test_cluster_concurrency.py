@@ -16,7 +16,7 @@ import pytest
 from cluster_util import address, pid_of, running_cluster, supervised, wait_for
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate
+from spd.core.target import PREFILL_CHUNK, ar_generate
 from spd.local import PipelineConfig, build_local
 from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
@@ -35,14 +35,22 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def solo(model_dir):
-    """Each request's output alone, in process, with the stages at the same batch shape."""
+def ar(model_dir):
+    """A request's output alone, in process, with the stages at the same batch shape."""
     local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
     for stage in local.stages:
         stage.rows = S
     eos = eos_ids_of(local.tokenizer, local.config)
-    return [ar_generate(local.stages, encode_prompt(local.tokenizer, p), SamplingParams(), StopRule(m, eos)).token_ids
-            for p, m in WORK]
+
+    def run(prompt: str, max_tokens: int) -> list[int]:
+        ids = encode_prompt(local.tokenizer, prompt)
+        return ar_generate(local.stages, ids, SamplingParams(), StopRule(max_tokens, eos)).token_ids
+    return run
+
+
+@pytest.fixture(scope="module")
+def solo(ar):
+    return [ar(p, m) for p, m in WORK]
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +95,19 @@ def test_a_request_arriving_while_three_decode_gets_its_first_token_before_they_
     assert tokens == solo[2]
     assert all(t == solo[1] for t, _, _ in others)
     assert stamps[0] < min(s[-1] for _, _, s in others), "the newcomer waited for the running requests to finish"
+
+
+def test_a_prompt_longer_than_a_prefill_chunk_joins_a_decoding_request_and_both_equal_their_solo_output(
+        cluster, solo, ar):
+    long_prompt = " ".join(["the sea is calm tonight and the sky is clear"] * 30)  # > PREFILL_CHUNK tokens
+    started = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_stream, cluster, WORK[1][0], WORK[1][1], lambda k: k == 3 and started.set())
+        assert started.wait(60)
+        tokens, stats, _ = _stream(cluster, long_prompt, 16)
+        other = running.result()[0]
+    assert stats["prompt_tokens"] > PREFILL_CHUNK
+    assert tokens == ar(long_prompt, 16) and other == solo[1]
 
 
 @pytest.mark.parametrize("role", ["stage-2", "drafter"])

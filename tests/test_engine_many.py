@@ -1,7 +1,8 @@
 """Many requests through one in-process pipeline: each request's output is exactly its solo output.
 
 Requests differ in prompt, length and sampling, join at different cycles, and share every stage
-forward (batched, `rows` = 8); each keeps its own speculation, flushes and drafter state.
+forward and every draft (batched, `rows` = 8); each keeps its own speculation, flushes and drafter
+state.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from spd.core.pdm import random_pdm
 from spd.core.sampling import SamplingParams
 from spd.core.split import default_anchors
 from spd.core.stopping import StopRule
+import spd.core.target as target
 from spd.core.target import ar_generate
 
 ROWS = 8
@@ -25,7 +27,7 @@ def _engine(model_dir, n: int, rows: int = ROWS):
     config, split, stages = pipeline(model_dir, n)
     for s in stages:
         s.rows = rows
-    drafter = DrafterState(random_pdm(config, list(default_anchors(split)), 1, seed=1), stages[0].embed, split)
+    drafter = DrafterState(random_pdm(config, list(default_anchors(split)), 1, seed=1), stages[0].embed, split, rows)
     return SPDEngine(stages, drafter), stages
 
 
@@ -71,3 +73,13 @@ def test_a_finished_request_frees_its_kv_slot(tiny_dir):
     engine, stages = _engine(model, 2)
     engine.generate_many(_requests(3))
     assert all(not s.caches for s in stages)
+
+
+def test_prompts_longer_than_a_prefill_chunk_decode_exactly_like_ar(tiny_dir, monkeypatch):
+    monkeypatch.setattr(target, "PREFILL_CHUNK", 4)  # prompts of 3..13 tokens: one to four chunks
+    model = tiny_dir("llama", vocab_size=256, num_layers=6, hidden_size=64)
+    requests = _requests(4)
+    _, solo_stages = _engine(model, 1)
+    solo = [ar_generate(solo_stages, r.prompt_ids, r.params, r.stop).token_ids for r in requests]
+    engine, _ = _engine(model, 3)
+    assert [g.token_ids for g in engine.generate_many(requests, join_at=[0, 2, 2, 5])] == solo

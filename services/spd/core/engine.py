@@ -37,7 +37,7 @@ from spd.core.sampling import SamplingParams
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
 from spd.core.verifier import Verifier
-from spd.core.target import check_prompt, max_new_tokens, run_through
+from spd.core.target import check_prompt, max_new_tokens, prefill
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ class SPDEngine:
         if drafter is not None:
             drafter.reset()
             drafter.enter(0, ids)
-        on_stage = (lambda j, out: drafter.observe(0, len(ids), j, out.anchors)) if drafter else None
-        out = run_through(self.stages, ids, 0, on_stage, slot)
+        on_stage = (lambda j, out, start: drafter.observe(start, len(out.hidden), j, out.anchors)) if drafter else None
+        out = prefill(self.stages, ids, on_stage, slot)
         verifier = Verifier(list(prompt_ids), params, stop, max_new_tokens(len(prompt_ids), stop, self.stages), self.n)
         first = verifier.first(out.logits[-1])
         run = _Run(verifier, list(verifier.tokens), [None] * self.n, slot, drafter, stats,

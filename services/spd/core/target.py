@@ -2,6 +2,11 @@
 
 `ar_generate` is the reference decoder: our own KV-cache loop (not `generate()`), one token per
 forward, so SPD and AR run exactly the same per-token arithmetic.
+
+Prompts run in chunks of at most PREFILL_CHUNK tokens (`prefill_chunks`: the one rule, used by
+`prefill` here and by the stage processes), so a long prompt joining a running pipeline shares the
+stages with the other requests' decode steps between its chunks, and every path computes the
+same chunks, hence the same numbers.
 """
 
 from __future__ import annotations
@@ -22,6 +27,22 @@ from spd.core.stopping import StopRule
 def load_pipeline(model_dir: Path, config, split: PipelineSplit, anchors: tuple[int, ...],
                   device="cpu", dtype=torch.float32) -> list[Stage]:
     return [load_stage(model_dir, config, split.layers_of(j), anchors, device, dtype) for j in range(1, split.n + 1)]
+
+
+PREFILL_CHUNK = 256  # most prompt tokens one prefill forward runs
+
+
+def prefill_chunks(length: int) -> list[tuple[int, int]]:
+    """The (start, end) chunks a prompt of `length` tokens runs in, in order."""
+    return [(s, min(s + PREFILL_CHUNK, length)) for s in range(0, length, PREFILL_CHUNK)]
+
+
+def prefill(stages: list[Stage], ids: torch.Tensor, on_stage=None, slot: int = 0) -> StageOutput:
+    """Run a prompt ids [P] (positions 0..P-1) through every stage, chunk by chunk; `on_stage(j, out,
+    start)` sees each chunk's output. Returns the last chunk's output."""
+    for start, end in prefill_chunks(len(ids)):
+        out = run_through(stages, ids[start:end], start, on_stage and (lambda j, o: on_stage(j, o, start)), slot)
+    return out
 
 
 def run_through(stages: list[Stage], x: torch.Tensor, start: int, on_stage=None, slot: int = 0) -> StageOutput:
@@ -71,7 +92,7 @@ def ar_stream(stages: list[Stage], prompt_ids: list[int], params: SamplingParams
         s.truncate(0)
     limit = StopRule(max_new_tokens(len(prompt_ids), stop, stages), stop.eos_ids, stop.stop, stop.tokenizer)
     t0 = time.perf_counter()
-    out = run_through(stages, torch.tensor(prompt_ids), 0)
+    out = prefill(stages, torch.tensor(prompt_ids))
     stats.prefill_s = time.perf_counter() - t0
     generated: list[int] = []
     pos = len(prompt_ids)

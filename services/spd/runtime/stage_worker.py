@@ -21,6 +21,7 @@ import torch
 from spd import wire
 from spd.core.sampling import SamplingParams, choose, process
 from spd.core.stage import Stage
+from spd.core.target import prefill_chunks
 from spd.runtime.gather import GATHER, Gather
 from spd.runtime.topology import Topology
 from spd.runtime.worker import MAX_PENDING, Worker
@@ -110,30 +111,44 @@ class StageWorker(Worker):
         buf.append(msg)
 
     def after_messages(self) -> None:
-        """Run everything that is ready: chunks alone, single tokens of several slots batched
-        (stage 1 first gathers them: runtime/gather.py)."""
+        """Run everything that is ready, in rounds: each slot's next input once, chunks alone and
+        single tokens of several slots batched (stage 1 first gathers them: runtime/gather.py). A
+        prompt's chunks take one round each, so the others' decode steps run between them."""
         while True:
             ready = [sid for sid, slot in self.slots.items() if self.stage.kv_length_of(sid) in slot.pending]
-            chunks = [sid for sid in ready if _tokens_in(self._next_input(sid)) != 1]
-            for sid in chunks:
-                self._forward_chunks(sid, self._take_input(sid))
-            if chunks:
-                continue  # look again: a slot's next token may be ready now
-            if not ready or (self.first and self._gathering(len(ready))):
+            if not ready:
                 break
+            inputs = {sid: self._take_input(sid) for sid in ready}  # sid -> (msg, pos, tokens, x)
+            singles = [sid for sid in ready if len(inputs[sid][2]) == 1]
+            chunks = [sid for sid in ready if sid not in singles]
+            if not chunks and self.first and self._gathering(len(singles)):
+                for sid, (msg, pos, tokens, _) in inputs.items():  # back until the batch is whole
+                    self._untake(sid, msg, pos, len(tokens))
+                break
+            for sid in chunks:
+                self._forward_chunk(sid, *inputs[sid])
             rows = max(self.stage.rows, 1)
-            for g in range(0, len(ready), rows):
-                self._forward_batch([(sid, self._take_input(sid)) for sid in ready[g:g + rows]])
+            for g in range(0, len(singles), rows):
+                self._forward_batch([(sid, *inputs[sid]) for sid in singles[g:g + rows]])
         for sid, slot in self.slots.items():
             if len(slot.pending) > MAX_PENDING:
                 slot.pending.clear()
                 self.dropped["overflow"] += 1
 
-    def _next_input(self, sid: int) -> wire.Message:
-        return self.slots[sid].pending[self.stage.kv_length_of(sid)]
+    def _take_input(self, sid: int) -> tuple[wire.Message, int, list[int], torch.Tensor]:
+        """The slot's input at its KV length; the rest of a longer message waits for the next round."""
+        pos = self.stage.kv_length_of(sid)
+        msg = self.slots[sid].pending.pop(pos)
+        tokens, x = _input_at(msg, pos)
+        if pos + len(tokens) < _end(msg):
+            self.slots[sid].pending[pos + len(tokens)] = msg
+        return msg, pos, tokens, x
 
-    def _take_input(self, sid: int) -> wire.Message:
-        return self.slots[sid].pending.pop(self.stage.kv_length_of(sid))
+    def _untake(self, sid: int, msg: wire.Message, pos: int, width: int) -> None:
+        pending = self.slots[sid].pending
+        if pending.get(pos + width) is msg:
+            del pending[pos + width]
+        pending[pos] = msg
 
     def _gathering(self, ready: int) -> bool:
         """Hold `ready` single tokens while other slots are decoding (wake up at `wake_at`)."""
@@ -143,20 +158,18 @@ class StageWorker(Worker):
 
     # -- compute ----------------------------------------------------------------------------------
 
-    def _forward_chunks(self, sid: int, msg: wire.Message) -> None:
-        for pos, tokens, x in _inputs(msg):
-            log.debug("[forward] slot %d %s pos %d (%d tokens)", sid, msg.kind, pos, len(tokens))
-            t0 = time.perf_counter()
-            out = self.stage(x, pos, sid)
-            self._send_on(sid, msg, pos, tokens, out, 1e3 * (time.perf_counter() - t0), batch=1)
-
-    def _forward_batch(self, group: list[tuple[int, wire.Message]]) -> None:
-        inputs = [(sid, *next(_inputs(m))) for sid, m in group]  # (slot, pos, tokens, x)
+    def _forward_chunk(self, sid: int, msg: wire.Message, pos: int, tokens: list[int], x: torch.Tensor) -> None:
+        log.debug("[forward] slot %d %s pos %d (%d tokens)", sid, msg.kind, pos, len(tokens))
         t0 = time.perf_counter()
-        outs = self.stage.forward_rows([(sid, x, pos) for sid, pos, _, x in inputs])
+        out = self.stage(x, pos, sid)
+        self._send_on(sid, msg, pos, tokens, out, 1e3 * (time.perf_counter() - t0), batch=1)
+
+    def _forward_batch(self, group: list[tuple[int, wire.Message, int, list[int], torch.Tensor]]) -> None:
+        t0 = time.perf_counter()
+        outs = self.stage.forward_rows([(sid, x, pos) for sid, _, pos, _, x in group])
         self.gather.observe(time.perf_counter() - t0)
         t_ms = 1e3 * (time.perf_counter() - t0)
-        for (sid, msg), (_, pos, tokens, _), out in zip(group, inputs, outs):
+        for (sid, msg, pos, tokens, _), out in zip(group, outs):
             self._send_on(sid, msg, pos, tokens, out, t_ms, batch=len(group))
 
     def _send_on(self, sid: int, msg: wire.Message, pos: int, tokens: list[int], out, t_ms: float, batch: int) -> None:
@@ -187,28 +200,28 @@ class StageWorker(Worker):
         self.send(self.to_next, "EXIT", summary, tensors)
 
 
-def _tokens_in(msg: wire.Message) -> int:
-    """How many positions a message's input covers."""
-    if msg.kind == "PREFILL":
-        return len(msg.tensors["ids"])
-    return 1 if msg.kind in ("RESEED", "DRAFT") else len(msg.header["tokens"])
+def _input_at(msg: wire.Message, pos: int) -> tuple[list[int], torch.Tensor]:
+    """The input of `msg` that starts at `pos`: (token ids, stage input).
 
-
-def _inputs(msg: wire.Message):
-    """(position, token ids, stage input) chunks of one message.
-
-    A PREFILL runs the prompt as one chunk and, when it re-prefills after a fault, every generated
-    token after it one at a time, exactly as they were first computed, so the rebuilt KV caches are
-    bit-identical and greedy output cannot change.
+    A PREFILL runs the prompt in the chunks of `prefill_chunks` and, when it re-prefills after a
+    fault, every generated token after it one at a time, exactly as they were first computed, so
+    the rebuilt KV caches are bit-identical and greedy output cannot change.
     """
     if msg.kind == "PREFILL":
         ids = msg.tensors["ids"].to(torch.long)
         split = int(msg.header.get("prompt_len", len(ids)))
-        yield 0, ids[:split].tolist(), ids[:split]
-        for pos in range(split, len(ids)):
-            yield pos, [int(ids[pos])], ids[pos:pos + 1]
-    elif msg.kind in ("RESEED", "DRAFT"):
+        end = next((e for s, e in prefill_chunks(split) if s == pos), None) if pos < split else pos + 1
+        if end is None or end > len(ids):
+            raise ValueError(f"PREFILL of {len(ids)} tokens has no input at {pos}")
+        return ids[pos:end].tolist(), ids[pos:end]
+    if msg.kind in ("RESEED", "DRAFT"):
         token = int(msg.header["token"])
-        yield msg.pos, [token], torch.tensor([token])
-    else:
-        yield msg.pos, list(msg.header["tokens"]), msg.tensors["h"].clone()
+        return [token], torch.tensor([token])
+    return list(msg.header["tokens"]), msg.tensors["h"].clone()
+
+
+def _end(msg: wire.Message) -> int:
+    """The position after the last one a message's inputs cover."""
+    if msg.kind == "PREFILL":
+        return len(msg.tensors["ids"])
+    return msg.pos + (1 if msg.kind in ("RESEED", "DRAFT") else len(msg.header["tokens"]))
