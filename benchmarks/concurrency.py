@@ -57,9 +57,10 @@ def in_process(args, counts: list[int]) -> list[dict]:
                         StopRule(args.tokens - 4 * (i % 3), eos)) for i in range(max(counts))]
     engine = SPDEngine(local.stages, local.drafter())
 
-    def shape(rows: int) -> None:
+    def shape(rows: int) -> None:  # the stages' and the drafter's batch shape
         for stage in local.stages:
             stage.rows = rows
+        engine.drafter.rows = rows
 
     def sequential(reqs, rows):
         shape(rows)
