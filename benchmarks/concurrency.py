@@ -12,7 +12,7 @@ requests (different prompts and lengths), measured side by side in one run:
 Reported: wall seconds, aggregate committed tokens/s, mean per-request decode tokens/s, and
 whether every concurrent output equals its solo output at the same shape (it must).
 
-    spd bench concurrency [--tokens 48] [--rows 8] [--counts 1,2,4,8] [--cluster-counts 1,2,4]
+    spd bench concurrency [--tokens 64] [--rows 8] [--counts 1,2,4,8] [--cluster-counts 1,2,4]
                           [--out benchmarks/results/concurrency.json]
 """
 
@@ -138,7 +138,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=5, help="pipeline stages (default 5)")
-    ap.add_argument("--tokens", type=int, default=48, help="max_tokens of the longest request (default 48)")
+    ap.add_argument("--tokens", type=int, default=64, help="max_tokens of the longest request (default 64)")
     ap.add_argument("--rows", type=int, default=8, help="in-process fixed batch shape S (default 8)")
     ap.add_argument("--counts", default="1,2,4,8", help="in-process request counts R")
     ap.add_argument("--cluster-rows", type=int, default=4, help="cluster --max-concurrency (default 4)")

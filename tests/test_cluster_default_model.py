@@ -77,3 +77,23 @@ def _kill_soon(pid: int, delay_s: float):
     t = threading.Thread(target=kill)
     t.start()
     return t
+
+
+@pytest.mark.slow
+def test_four_concurrent_requests_on_smollm2_each_equal_their_ar_output(default_model_dir, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    S = 4
+    work = [(PROMPTS[0], 24), (PROMPTS[1], 40), ("Name three colours.", 16), ("Write one sentence about rain.", 32)]
+    ar = build_local(PipelineConfig(n=1), with_drafter=False)
+    for stage in ar.stages:  # the same batch shape as the cluster's stages (batch invariance)
+        stage.rows = S
+    eos = eos_ids_of(ar.tokenizer, ar.config)
+    expected = [ar_generate(ar.stages, encode_prompt(ar.tokenizer, p), SamplingParams(), StopRule(m, eos)).token_ids
+                for p, m in work]
+    with running_cluster(tmp_path, n=5, max_concurrency=S) as cluster:
+        with SPDClient(address(cluster), timeout=600) as client:
+            with ThreadPoolExecutor(S) as pool:
+                results = list(pool.map(lambda w: client.generate(w[0], max_tokens=w[1]), work))
+    assert [r.token_ids for r in results] == expected
+    assert max(max(r.stats["batch"]) for r in results) > 1  # they shared forwards

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from spd.commands import UsageError
+from spd.core.schedule import SCHEDULES
 
 if TYPE_CHECKING:
     from spd.core.results import Generation
@@ -31,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L' (default uniform)")
     p.add_argument("--ls", type=int, default=1, help="layers of a random PDM when no trained one exists (default 1)")
     p.add_argument("--draft", help="PDM directory ('random' forces an untrained one; default: the shipped one)")
-    p.add_argument("--schedule", choices=["pre", "post"], default="pre",
+    p.add_argument("--schedule", choices=SCHEDULES, default="pre",
                    help="draft before (pre) or after (post) each cycle's verification (default pre)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")

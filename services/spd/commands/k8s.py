@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from spd.core.schedule import SCHEDULES
+
 
 def _config_args(p) -> None:
     p.add_argument("--n", type=int, default=4, help="pipeline stages (stage pods)")
@@ -22,7 +24,7 @@ def _config_args(p) -> None:
     p.add_argument("--draft-dir", default="", help="PDM directory inside the pods ('random': untrained); "
                    "default /models/draft on GPU, random on cpu")
     p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L'")
-    p.add_argument("--schedule", choices=["pre", "post"], default="pre", help="staircase schedule")
+    p.add_argument("--schedule", choices=SCHEDULES, default="pre", help="staircase schedule")
     p.add_argument("--dtype", default="", choices=["", "float32", "bfloat16", "float16"],
                    help="default bfloat16 on GPU, float32 on cpu")
     p.add_argument("--cluster-domain", default="cluster.local", help="DNS suffix of Services")

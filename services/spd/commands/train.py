@@ -18,6 +18,8 @@ import json
 import shutil
 from pathlib import Path
 
+from spd.core.schedule import SCHEDULES
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a Pipeline Draft Module (PDM) or an EAGLE-3-style draft for a target model")
@@ -28,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--n", type=int, default=5, help="pipeline width the PDM is trained for")
     p.add_argument("--ls", type=int, default=1, help="PDM decoder layers (L_s)")
-    p.add_argument("--schedule", choices=["pre", "post"], default="pre", help="staircase the PDM is trained for (default pre)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="pre", help="staircase the PDM is trained for (default pre)")
     p.add_argument("--anchors", help="anchor layers, comma-separated (default [0,e1,e3,e6,L-1]; PPSD: 0,e1)")
     p.add_argument("--tokens", type=int, default=0,
                    help="budget of assistant tokens to train on (0 = one pass over the cache)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spd.core.schedule import SCHEDULES
 from spd.runtime.launcher import Cluster, ClusterConfig
 
 
@@ -16,7 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L' (default uniform)")
     p.add_argument("--devices", default="", help="comma-separated: one per stage, then the drafter, then "
                    "optionally one per spare (default: cpu; spares: the drafter's)")
-    p.add_argument("--schedule", choices=["pre", "post"], default="pre",
+    p.add_argument("--schedule", choices=SCHEDULES, default="pre",
                    help="draft before (pre) or after (post) each cycle's verification (default pre)")
     p.add_argument("--state-file", type=Path, help="write role -> pid/address JSON here")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")

@@ -9,6 +9,7 @@ import re
 import socket
 from pathlib import Path
 
+from spd.core.schedule import SCHEDULES
 from spd.runtime.gather import GATHER
 from spd.runtime.topology import Topology
 
@@ -64,7 +65,7 @@ def add_parser(sub) -> None:
     orch.add_argument("--port", type=int, default=50051, help="gRPC API port (default 50051)")
     orch.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in pods)")
     orch.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
-    orch.add_argument("--schedule", choices=["pre", "post"], default="pre", help="staircase schedule (default pre)")
+    orch.add_argument("--schedule", choices=SCHEDULES, default="pre", help="staircase schedule (default pre)")
     orch.add_argument("--queue-size", type=int, default=16, help="requests waiting beyond the running ones")
     orch.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once (default 1)")
     orch.add_argument("--draft", default="shipped", help="what the drafter runs, as GetInfo reports it (default shipped)")

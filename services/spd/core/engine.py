@@ -34,6 +34,7 @@ import torch
 from spd.core.drafter import Draft
 from spd.core.results import Generation, Stats
 from spd.core.sampling import SamplingParams
+from spd.core.schedule import check, staircase_offset
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
 from spd.core.verifier import Verifier
@@ -66,9 +67,7 @@ class SPDEngine:
     """Drives in-process stages and a drafter (a DrafterState, a ScriptedDrafter, or None)."""
 
     def __init__(self, stages: list[Stage], drafter=None, schedule: str = "pre", trace: bool = False):
-        if schedule not in ("pre", "post"):
-            raise ValueError(f"schedule must be 'pre' or 'post', got {schedule!r}")
-        self.stages, self.drafter, self.schedule, self.tracing = stages, drafter, schedule, trace
+        self.stages, self.drafter, self.schedule, self.tracing = stages, drafter, check(schedule), trace
         self.n = len(stages)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, stop: StopRule) -> Generation:
@@ -234,7 +233,7 @@ class SPDEngine:
         t0 = time.perf_counter()
         jobs = []
         for run, _ in wanting:
-            depths = run.drafter.staircase(run.base, s0=0 if self.schedule == "pre" else 1)
+            depths = run.drafter.staircase(run.base, staircase_offset(self.schedule))
             assert run.drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
             jobs.append((run.drafter, run.verifier.params, depths))
         drafts: list[Draft] = type(jobs[0][0]).draft_many(jobs)

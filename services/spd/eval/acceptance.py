@@ -23,6 +23,7 @@ from spd.core.sampling import SamplingParams, choose
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
 from spd.core.target import max_new_tokens, run_through
+from spd.core.schedule import drafts, staircase_offset
 
 
 @dataclass
@@ -85,14 +86,14 @@ def ar_trace(stages: list[Stage], prompt: list[int], stop: StopRule, params: Sam
 def replay(drafter: DrafterState, prompt: list[int], generated: list[int], anchors: list[dict],
            schedule: str = "pre") -> Acceptance:
     """Verdicts of every judgement of a greedy SPD run that commits `generated` after `prompt`."""
-    n, s0 = drafter.split.n, 0 if schedule == "pre" else 1
+    n, s0 = drafter.split.n, staircase_offset(schedule)
     tokens = list(prompt) + list(generated)
     P, T = len(prompt), len(tokens)
     drafter.reset()
     _commit(drafter, 0, tokens[:P + 1], anchors, n)
     base, reseeded, result = P, True, Acceptance(len(generated), 0, 0, 0)
     for j in range(P + 1, T):  # judge position j
-        has_draft = not (schedule == "post" and n == 1)
+        has_draft = drafts(schedule, n)
         accepted = has_draft and drafter.draft(SamplingParams(), drafter.staircase(base, s0)).token == tokens[j]
         result.cycles += n if reseeded else 1
         if has_draft:

@@ -33,6 +33,7 @@ from spd.core.stopping import StopRule
 from spd.core.target import ar_generate, load_pipeline
 from spd.core.split import uniform_split
 from spd.eval.acceptance import _commit
+from spd.core.schedule import staircase_offset
 
 OVERHEAD_FILE = Path("benchmarks/results/runtime_overhead.json")
 
@@ -74,7 +75,7 @@ def stage_ms(model_dir: Path, config, n: int, context: list[int], reps: int = 15
 
 def draft_ms(drafter: DrafterState, tokens: list[int], anchors: list[dict], schedule: str, reps: int = 15) -> float:
     """One PDM draft with a full staircase (fill n) over a committed prefix of len(tokens) - n."""
-    n, s0 = drafter.split.n, 0 if schedule == "pre" else 1
+    n, s0 = drafter.split.n, staircase_offset(schedule)
     drafter.reset()
     _commit(drafter, 0, tokens, anchors, n)
     base = max(len(tokens) - n, 0)

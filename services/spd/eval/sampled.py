@@ -24,6 +24,7 @@ import torch
 from spd.core.drafter import DrafterState
 from spd.core.sampling import SamplingParams
 from spd.eval.acceptance import _commit
+from spd.core.schedule import staircase_offset
 
 
 @dataclass
@@ -47,7 +48,7 @@ def betas(drafter: DrafterState, prompt: list[int], generated: list[int], anchor
           dists: list[tuple[torch.Tensor, torch.Tensor]], params: SamplingParams,
           schedule: str = "pre") -> list[dict[int, float]]:
     """β[j - P - 1][b] for every judged position j and every distinct fill base b it can be drafted from."""
-    n, s0 = drafter.split.n, 0 if schedule == "pre" else 1
+    n, s0 = drafter.split.n, staircase_offset(schedule)
     tokens = list(prompt) + list(generated)
     P, T = len(prompt), len(tokens)
     drafter.reset()

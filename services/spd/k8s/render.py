@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from spd.runtime.health import LIVENESS
+from spd.core.schedule import check as check_schedule
 
 # Ports: every pipeline pod has its own IP, so all of them use the same numbers.
 ZMQ_PORT = 5555  # each worker's and the orchestrator's ZeroMQ PULL inbox
@@ -97,8 +98,7 @@ class RenderConfig:
                     orchestrator_resources=self.orchestrator_resources or (CPU_ORCHESTRATOR if self.cpu else GPU_ORCHESTRATOR))
         if c.weights not in ("pvc", "image"):
             raise ValueError(f"weights must be pvc or image, got {c.weights!r}")
-        if c.schedule not in ("pre", "post"):
-            raise ValueError(f"schedule must be pre or post, got {c.schedule!r}")
+        check_schedule(c.schedule)
         if not 1 <= c.max_concurrency <= 64:
             raise ValueError(f"max_concurrency must be in 1..64, got {c.max_concurrency}")
         if not 0 <= c.spares <= 16:

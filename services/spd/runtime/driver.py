@@ -22,12 +22,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from spd import wire
-from spd.runtime import metrics
-from spd.runtime.curve import secure
+from spd.runtime import metrics, sockets
 from spd.runtime.jobs import Job
 from spd.runtime.registry import Registry
 from spd.runtime.request import Fault, Run, Unavailable
-from spd.runtime.topology import Topology, bind_endpoint
+from spd.runtime.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +54,7 @@ class Driver:
         self.epoch = wire.next_epoch(0)
         self.stop = threading.Event()
         self.ctx = zmq.Context()
-        self.inbox = self.ctx.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.LINGER, 0)
-        self.inbox.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        secure(self.inbox, server=True)
-        self.inbox.bind(bind_endpoint(topology.orchestrator))
+        self.inbox = sockets.inbox(self.ctx, topology.orchestrator)
         self.sockets: dict[str, zmq.Socket] = {}  # endpoint -> PUSH socket to a worker or a spare
         self.monitors: dict[str, zmq.Socket] = {}  # endpoint -> its socket's disconnect events
         self.routes = topology  # where each role listens now (a spare's endpoint once it took over)
@@ -73,12 +68,7 @@ class Driver:
         """The PUSH socket to `endpoint`, made on first use, with a monitor that reports its
         disconnects: a killed worker is noticed when its connection drops, not heartbeats later."""
         if endpoint not in self.sockets:
-            s = self.ctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 1000)
-            s.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # drop connections to vanished peers (see worker.py)
-            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
-            secure(s, server=False)
+            s = sockets.sender(self.ctx)
             self.monitors[endpoint] = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             s.connect(endpoint)
             self.sockets[endpoint] = s

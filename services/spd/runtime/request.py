@@ -15,6 +15,7 @@ from spd import wire
 from spd.core.verifier import Verdict, Verifier
 from spd.runtime import metrics
 from spd.runtime.jobs import Job
+from spd.core.schedule import staircase_offset, drafts
 
 if TYPE_CHECKING:
     from spd.runtime.driver import Driver
@@ -61,7 +62,7 @@ class Run:
         params = dataclasses.asdict(self.job.params)
         self.fill_start = len(ids)
         self._broadcast("PREFILL", {"base": 0, "params": params, "prompt_len": prompt_len or len(ids),
-                                    "s0": 0 if self.d.cfg.schedule == "pre" else 1, "draft_limit": self.draft_limit,
+                                    "s0": staircase_offset(self.d.cfg.schedule), "draft_limit": self.draft_limit,
                                     "routes": self.d.routes.to_dict()},
                         {"ids": torch.tensor(ids, dtype=torch.int64)})
         self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
@@ -110,7 +111,7 @@ class Run:
         if judged in self.verifier.drafts or judged <= self.fill_start:
             return True
         expect = (self.d.registry.alive("drafter") and self.verifier.wants_draft(judged, self.d.cfg.context)
-                  and not (self.d.cfg.schedule == "post" and self.d.n == 1))
+                  and drafts(self.d.cfg.schedule, self.d.n))
         return not expect or time.monotonic() - seen > self.d.cfg.draft_wait_s
 
     def _judge(self, msg: wire.Message) -> bool:

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Topology:
         text = arg or os.environ.get("SPD_TOPOLOGY")
         if not text:
             raise SystemExit("no topology: pass --topology JSON or set SPD_TOPOLOGY")
-        return cls.from_json(open(text[1:]).read() if text.startswith("@") else text)
+        return cls.from_json(Path(text[1:]).read_text() if text.startswith("@") else text)
 
 
 def bind_endpoint(endpoint: str) -> str:

@@ -22,9 +22,9 @@ import uuid
 import zmq
 
 from spd import wire
-from spd.runtime.curve import secure
+from spd.runtime import sockets
 from spd.runtime.lifeline import supervisor_gone
-from spd.runtime.topology import Topology, bind_endpoint
+from spd.runtime.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,7 @@ class Worker:
         self.incarnation = uuid.uuid4().hex[:12]
         if handover is None:
             self.ctx = zmq.Context()
-            self.inbox = secure(self._socket(zmq.PULL), server=True)
-            self.inbox.bind(bind_endpoint(endpoint))
+            self.inbox = sockets.inbox(self.ctx, endpoint)
         else:  # a spare taking a role: same context, same bound inbox (its endpoint is now this role's)
             self.ctx, self.inbox = handover.ctx, handover.inbox
         self.stop = False
@@ -76,17 +75,8 @@ class Worker:
             self.topology = topology
             self._connect()
 
-    def _socket(self, kind) -> zmq.Socket:
-        s = self.ctx.socket(kind)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        s.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # ZMTP pings: a peer that vanished without closing
-        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)  # its connection (node loss) is dropped, not half-open
-        return s
-
     def _push(self, endpoint: str) -> zmq.Socket:
-        s = secure(self._socket(zmq.PUSH), server=False)
-        s.setsockopt(zmq.SNDHWM, 10000)
+        s = sockets.sender(self.ctx)
         s.connect(endpoint)
         return s
 

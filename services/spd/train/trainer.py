@@ -25,6 +25,7 @@ from spd.core.pdm import PDM, random_pdm
 from spd.core.split import PipelineSplit, default_anchors, uniform_split
 from spd.train.aligned import aligned_logits
 from spd.train.teacher import TeacherCache
+from spd.core.schedule import staircase_offset
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def train(cfg: TrainConfig) -> PDM:
     model_dir = resolve_model(cfg.model)
     config = load_config(model_dir)
     split = uniform_split(config.num_hidden_layers, cfg.n)
-    s0 = {"pre": 0, "post": 1}[cfg.schedule]
+    s0 = staircase_offset(cfg.schedule)
     cache = _resolve_cache(model_dir, cfg.data, cfg.device)
     held = _resolve_cache(model_dir, cfg.heldout, cfg.device) if cfg.heldout else None
     if held is not None and hasattr(cache, "teacher") and hasattr(held, "teacher"):
