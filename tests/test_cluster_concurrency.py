@@ -14,7 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from cluster_util import address, pid_of, running_cluster, supervised, wait_for
+from spd.core.engine import Request, SPDEngine
 from spd.core.sampling import SamplingParams
+from spd.core.scripted import ScriptedDrafter
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.target import PREFILL_CHUNK, ar_generate
 from spd.local import PipelineConfig, build_local
@@ -84,6 +86,12 @@ def test_concurrent_requests_joining_at_different_times_each_equal_their_solo_ou
     assert max(max(stats["batch"]) for _, stats, _ in results) > 1  # tokens of several requests shared forwards
 
 
+def test_eight_requests_on_four_slots_queue_join_as_slots_free_and_each_equals_its_solo_output(cluster, solo):
+    with ThreadPoolExecutor(2 * len(WORK)) as pool:
+        results = list(pool.map(lambda w: _stream(cluster, *w), WORK + WORK))
+    assert [tokens for tokens, _, _ in results] == solo + solo
+
+
 def test_a_request_arriving_while_three_decode_gets_its_first_token_before_they_finish(cluster, solo):
     started = threading.Barrier(4)
     with ThreadPoolExecutor(3) as pool:
@@ -125,3 +133,40 @@ def test_a_worker_killed_with_four_requests_streaming_costs_none_of_them_a_token
         results = [f.result() for f in futures]
     assert killed.is_set()
     assert [tokens for tokens, _, _ in results] == solo
+
+
+def test_concurrent_requests_judge_exactly_as_the_engine_does_with_the_same_scripted_drafter(model_dir, ar, tmp_path):
+    """Per request, the processes' accepts, rejects and cycles equal the in-process engine's with the
+    same (sometimes wrong) drafter: the many-request runtime wraps the same algorithm."""
+    script = ar(*WORK[1])  # drafts follow this continuation: right for WORK[1]'s prompt, wrong elsewhere
+    args = ["--script", ",".join(map(str, script)), "--script-wrong-every", "4"]
+    with running_cluster(tmp_path, n=3, model=str(model_dir), max_concurrency=3, extra_drafter_args=args) as c:
+        with ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda w: _stream(c, *w), WORK[:3]))
+    local = build_local(PipelineConfig(model=str(model_dir), n=3), with_drafter=False)
+    for stage in local.stages:
+        stage.rows = 3
+    eos = eos_ids_of(local.tokenizer, local.config)
+    drafter = ScriptedDrafter([], local.config.vocab_size, wrong_every=4, continuation=script, n=3)
+    requests = [Request(encode_prompt(local.tokenizer, p), SamplingParams(), StopRule(m, eos)) for p, m in WORK[:3]]
+    engine = SPDEngine(local.stages, drafter).generate_many(requests)
+    for (tokens, stats, _), ref in zip(results, engine):
+        assert tokens == ref.token_ids
+        assert (stats["accepts"], stats["rejects"], stats["cycles"]) == (ref.stats.accepts, ref.stats.rejects,
+                                                                          ref.stats.cycles)
+    assert sum(ref.stats.rejects for ref in engine) > 0 and sum(ref.stats.accepts for ref in engine) > 0
+
+
+def test_sampled_requests_through_the_cluster_do_not_depend_on_what_else_runs(cluster):
+    work = [(p, m, SamplingParams(temperature=0.8, top_p=0.95, seed=20 + i)) for i, (p, m) in enumerate(WORK)]
+
+    def run(w):
+        prompt, max_tokens, params = w
+        with SPDClient(address(cluster), timeout=180, retries=0) as client:
+            return client.generate(prompt, max_tokens=max_tokens, temperature=params.temperature,
+                                   top_p=params.top_p, seed=params.seed).token_ids
+
+    alone = [run(w) for w in work]
+    with ThreadPoolExecutor(len(work)) as pool:
+        together = list(pool.map(run, work))
+    assert together == alone
