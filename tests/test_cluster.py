@@ -175,12 +175,19 @@ def test_a_full_queue_answers_resource_exhausted_and_accepted_requests_are_corre
 
 
 def test_metrics_endpoint_counts_commits_and_flushes(shared_cluster):
+    with SPDClient(address(shared_cluster), timeout=60, retries=0) as client:
+        done = client.generate(PROMPTS[0], max_tokens=8)
+        with pytest.raises(SPDError):
+            client.generate("", max_tokens=8)  # counted as invalid
     text = urllib.request.urlopen(f"http://127.0.0.1:{shared_cluster.cfg.metrics_port}/metrics", timeout=10).read().decode()
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("spd_")}
     assert values["spd_commits_total"] > 0 and values["spd_flushes_total"] > 0
     assert 'spd_requests_total{outcome="invalid"}' in values
     assert values['spd_phase_seconds_count{phase="stage1"}'] > 0 and values['spd_phase_seconds_count{phase="verify"}'] > 0
     assert values["spd_running_requests"] == 0  # every request of this module has finished
+    assert values["spd_prompt_tokens_total"] >= done.stats["prompt_tokens"]
+    for name in ("time_to_first_token", "e2e_request_latency", "request_queue_time", "inter_token_latency"):
+        assert values[f"spd_{name}_seconds_count"] > 0, name
     with pytest.raises(urllib.error.HTTPError) as e:  # only /metrics: /v1/models is not answered with metrics
         urllib.request.urlopen(f"http://127.0.0.1:{shared_cluster.cfg.metrics_port}/v1/models", timeout=10)
     assert e.value.code == 404

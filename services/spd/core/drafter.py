@@ -22,6 +22,7 @@ batched, a request takes this same path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -43,6 +44,33 @@ class Draft:
 
 
 BLOCK_SLACK = 2  # a draft block holds the n in-flight positions and this many more
+
+
+def staircase(length: int, base: int, s0: int, n: int) -> list[int]:
+    """Depths the staircase prescribes for each of `length` positions (design §3).
+
+    In-flight positions (>= base, the first token of the current pipeline fill) at offset o from
+    the newest have depth s0 + o (capped at n); everything older has left the pipeline: depth n.
+    """
+    start = min(base, length)
+    return [n] * start + [min(n, s0 + length - 1 - i) for i in range(start, length)]
+
+
+class Drafter(Protocol):
+    """What the engine and the drafter process need of a drafter state (DrafterState, ScriptedDrafter)."""
+
+    @property
+    def length(self) -> int: ...
+    def fork(self) -> "Drafter": ...
+    def reset(self) -> None: ...
+    def truncate(self, length: int) -> None: ...
+    def enter(self, position: int, tokens: torch.Tensor) -> None: ...
+    def observe(self, position: int, count: int, stage: int, anchors: dict[int, torch.Tensor]) -> None: ...
+    def staircase(self, base: int, s0: int) -> list[int]: ...
+    def ready(self, depths: list[int]) -> bool: ...
+    def draft(self, params: SamplingParams, depths: list[int] | None = None) -> "Draft": ...
+    @staticmethod
+    def draft_many(jobs: list) -> list["Draft"]: ...
 
 
 class DrafterState:
@@ -95,14 +123,7 @@ class DrafterState:
             self.depth[i] = max(self.depth[i], stage)
 
     def staircase(self, base: int, s0: int) -> list[int]:
-        """Depths the staircase prescribes for every position (design §3).
-
-        In-flight positions (>= base, the first token of the current pipeline fill) at offset o from
-        the newest have depth s0 + o (capped at n); everything older has left the pipeline: depth n.
-        """
-        T, n = self.length, self.split.n
-        start = min(base, T)
-        return [n] * start + [min(n, s0 + T - 1 - i) for i in range(start, T)]
+        return staircase(self.length, base, s0, self.split.n)
 
     def ready(self, depths: list[int]) -> bool:
         """Whether every position has been observed at least as deep as `depths` asks (positions

@@ -31,7 +31,7 @@ from typing import Iterator, NamedTuple
 
 import torch
 
-from spd.core.drafter import Draft
+from spd.core.drafter import Draft, Drafter
 from spd.core.results import Generation, Stats
 from spd.core.sampling import SamplingParams
 from spd.core.schedule import check, staircase_offset
@@ -49,7 +49,7 @@ class _Run:
     tokens: list[int]  # committed prefix + in-flight tokens (+ a draft waiting for stage 1)
     slots: list  # slots[j] = (position, input) for stage j+1, or None
     slot: int = 0  # its KV cache slot in every stage
-    drafter: object = None  # its own drafter state (None: no drafting)
+    drafter: Drafter | None = None  # its own drafter state (None: no drafting)
     stats: Stats | None = None
     trace: list | None = None
     waiting: int | None = None  # position of a fresh draft waiting to enter stage 1
@@ -66,7 +66,7 @@ class Request(NamedTuple):
 class SPDEngine:
     """Drives in-process stages and a drafter (a DrafterState, a ScriptedDrafter, or None)."""
 
-    def __init__(self, stages: list[Stage], drafter=None, schedule: str = "pre", trace: bool = False):
+    def __init__(self, stages: list[Stage], drafter: Drafter | None = None, schedule: str = "pre", trace: bool = False):
         self.stages, self.drafter, self.schedule, self.tracing = stages, drafter, check(schedule), trace
         self.n = len(stages)
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+def alpha_of(generated: int, cycles: int) -> float | None:
+    """Step acceptance ratio α = N / K (None before any cycle ran)."""
+    return generated / cycles if cycles else None
+
+
 @dataclass
 class Stats:
     n: int = 1  # pipeline stages (1 for AR)
@@ -21,7 +26,7 @@ class Stats:
     @property
     def alpha(self) -> float | None:
         """Step acceptance ratio α = N / K (None before any cycle ran)."""
-        return self.generated_tokens / self.cycles if self.cycles else None
+        return alpha_of(self.generated_tokens, self.cycles)
 
     @property
     def theoretical_speedup(self) -> float | None:

@@ -95,6 +95,13 @@ def choose(logits: torch.Tensor, params: SamplingParams, position: int, stream: 
     return sample(probs, keyed_generator(params.seed, position, stream)), probs
 
 
+def decided_token(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """The token a draft for `position` is judged against by equality: the target's own choice when
+    it is decided (greedy, Gumbel-coupled), else the argmax (only reported then; rejection sampling
+    judges with the distribution)."""
+    return choose(logits, params, position)[0] if params.decided else int(torch.argmax(logits))
+
+
 def verify(p: torch.Tensor | None, target_token: int, draft: int, q: torch.Tensor | None,
            params: SamplingParams, position: int) -> tuple[bool, int]:
     """Judge the draft for `position`. Returns (accepted, committed token).

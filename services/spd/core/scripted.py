@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from spd.core.drafter import Draft
+from spd.core.drafter import Draft, staircase
 from spd.core.sampling import SamplingParams
 
 
@@ -49,10 +49,7 @@ class ScriptedDrafter:
             self.depth[i] = max(self.depth[i], stage)
 
     def staircase(self, base: int, s0: int) -> list[int]:
-        if self.n is None:
-            return list(self.depth)
-        T = self.length
-        return [min(self.n, s0 + T - 1 - i) if i >= base else self.n for i in range(T)]
+        return list(self.depth) if self.n is None else staircase(self.length, base, s0, self.n)
 
     def ready(self, depths: list[int]) -> bool:
         return all(seen >= want for seen, want in zip(self.depth, depths))

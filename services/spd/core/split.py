@@ -36,8 +36,13 @@ class PipelineSplit:
 
     def anchors_of(self, anchors: tuple[int, ...], stage: int) -> tuple[int, ...]:
         """Anchors produced by `stage`."""
-        lo, hi = self.boundaries[stage - 1], self.boundaries[stage]
-        return tuple(b for b in anchors if lo < b <= hi or (b == 0 and stage == 1))
+        return tuple(b for b in anchors if produces(self.layers_of(stage), b))
+
+
+def produces(layers: range, b: int) -> bool:
+    """Whether the stage running `layers` (global indices) produces anchor H[b]: the output of one
+    of its layers, or the embedding (b = 0) when it runs layer 0."""
+    return layers.start < b <= layers.stop or (b == 0 and layers.start == 0)
 
 
 def check_width(n: int, num_layers: int) -> None:

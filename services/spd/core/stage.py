@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from spd.core.kv_cache import KVCache
 from spd.core.masks import causal_mask
 from spd.core.row_attention import ROWS, RowsCache
+from spd.core.split import produces
 
 
 @dataclass
@@ -58,8 +59,8 @@ class Stage(nn.Module):
         self.rotary = modules["rotary"]
         self.norm = modules.get("norm")
         self.lm_head = modules.get("lm_head")
-        lo, hi = self.layer_ids[0], self.layer_ids[-1] + 1
-        self.anchors = tuple(b for b in anchors if lo < b <= hi or (b == 0 and self.is_first))
+        self.layer_range = range(self.layer_ids[0], self.layer_ids[-1] + 1)  # global indices of its layers
+        self.anchors = tuple(b for b in anchors if produces(self.layer_range, b))
         self.caches: dict[int, KVCache] = {}  # slot -> its request's KV cache
         for layer in self.layers:  # attention that also takes per-slot histories (plain sdpa otherwise)
             layer.self_attn.config = _with_attention(layer.self_attn.config, ROWS)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spd.core.sampling import STREAM_TARGET, SamplingParams, choose, keyed_generator, process, sample, verify
+from spd.core.sampling import STREAM_TARGET, SamplingParams, decided_token, keyed_generator, process, sample, verify
 from spd.core.stopping import StopRule
 
 
@@ -56,6 +56,12 @@ class Verifier:
     def generated(self) -> list[int]:
         return self.tokens[len(self.prompt):]
 
+    def restart(self) -> None:
+        """The pipeline is rebuilt from the committed tokens (a re-prefill after a fault): drafts in
+        flight are void and the next judgement starts a fresh fill."""
+        self.drafts = {}
+        self._reseeded = True
+
     def offer(self, pos: int, token: int, q: torch.Tensor | None) -> None:
         """A draft for `pos` (q: its processed distribution over the target vocab when sampling)."""
         if pos >= len(self.tokens):
@@ -73,7 +79,7 @@ class Verifier:
         if judged != len(self.tokens):
             raise RuntimeError(f"judging position {judged} but {len(self.tokens)} tokens are committed")
         if argmax is None:  # the target's decided token (greedy / gumbel); stage n may send it ready
-            argmax = choose(logits, self.params, judged)[0] if self.params.decided else int(torch.argmax(logits))
+            argmax = decided_token(logits, self.params, judged)
         if p is None and not self.params.decided:
             p = process(logits, self.params)
         if judged in self.drafts:

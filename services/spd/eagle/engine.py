@@ -21,7 +21,7 @@ import torch
 
 from spd.core.results import Generation, Stats
 from spd.core.sampling import SamplingParams, choose, verify
-from spd.core.split import uniform_split
+from spd.core.split import produces, uniform_split
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
 from spd.core.target import (
@@ -57,7 +57,7 @@ def ensure_anchors(stages: list[Stage], layers: list[int]) -> None:
     for b in layers:
         if any(b in s.anchors for s in stages):
             continue
-        owner = [s for s in stages if s.layer_ids[0] < b <= s.layer_ids[-1] + 1 or (b == 0 and s.is_first)]
+        owner = [s for s in stages if produces(s.layer_range, b)]
         if not owner:
             raise ValueError(f"no stage produces H[{b}]")
         owner[0].anchors = tuple(sorted({*owner[0].anchors, b}))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spd import wire
-from spd.core.drafter import DrafterState
+from spd.core.drafter import Drafter, DrafterState
 from spd.core.sampling import SamplingParams
 from spd.runtime.gather import GATHER, Gather
 from spd.runtime.topology import Topology
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Slot:
     """One request's drafting state."""
-    state: object  # a DrafterState (PDM), or a ScriptedDrafter in tests
+    state: Drafter  # a DrafterState (PDM), or a ScriptedDrafter in tests
     rid: str = ""
     epoch: int = -1
     params: SamplingParams = field(default_factory=SamplingParams)

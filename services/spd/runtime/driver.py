@@ -162,7 +162,7 @@ class Driver:
             wait_s = 0.0
             metrics.QUEUE.set(self.jobs.qsize())
             if job.cancelled.is_set():
-                job.emit("done", "cancelled", {})
+                job.emit("done", "cancelled", None)
                 continue
             try:
                 self._await_workers([job])
@@ -239,10 +239,10 @@ class Driver:
     def _recover(self, why: str) -> None:
         """A worker died or stalled: every running request re-prefills its committed prefix."""
         for run in list(self.runs.values()):
-            run.stats["recoveries"] += 1
+            run.stats.recoveries += 1
             metrics.RECOVERIES.inc()
-            if run.stats["recoveries"] > self.cfg.max_recoveries:
-                self.end(run, "unavailable", ("UNAVAILABLE", f"pipeline failed {run.stats['recoveries']} times: {why}"))
+            if run.stats.recoveries > self.cfg.max_recoveries:
+                self.end(run, "unavailable", ("UNAVAILABLE", f"pipeline failed {run.stats.recoveries} times: {why}"))
         if not self.runs:
             return
         log.warning("[recover] %s; re-prefilling %d running request(s)", why, len(self.runs))

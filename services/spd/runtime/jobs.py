@@ -20,7 +20,7 @@ class Job:
     prompt_ids: list[int]  # templated prompt
     params: SamplingParams  # decoding parameters
     stop: StopRule  # EOS / stop strings / max tokens
-    events: "queue.Queue[tuple]" = field(default_factory=queue.Queue)  # ("token", id) / ("done", reason, stats) / ("error", code, msg)
+    events: "queue.Queue[tuple]" = field(default_factory=queue.Queue)  # ("token", id) / ("done", reason, RequestStats | None) / ("error", code, msg)
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by the handler on cancel/deadline
     submitted: float = field(default_factory=time.monotonic)
     finished: threading.Event = field(default_factory=threading.Event)  # set once "done" / "error" is emitted

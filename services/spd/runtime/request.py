@@ -16,6 +16,7 @@ from spd.core.verifier import Verdict, Verifier
 from spd.runtime import metrics
 from spd.runtime.jobs import Job
 from spd.core.schedule import staircase_offset, drafts
+from spd.runtime.stats import RequestStats
 
 if TYPE_CHECKING:
     from spd.runtime.driver import Driver
@@ -43,9 +44,9 @@ class Run:
         self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
         self.epoch = 0  # this request's current epoch (its last PREFILL / RESEED)
         self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
-        self.stats = {"n": driver.n, "prompt_tokens": P, "flushes": 0, "recoveries": 0, "draft_ms": 0.0, "verify_ms": 0.0, "drafts": 0,
-                      "stage_ms": [0.0] * driver.n, "batch": [0.0] * driver.n,
-                      "queue_ms": 1e3 * (time.monotonic() - job.submitted)}
+        self.stats = RequestStats(driver.n, P, queue_ms=1e3 * (time.monotonic() - job.submitted))
+        metrics.QUEUE_TIME.observe(self.stats.queue_ms / 1e3)
+        metrics.PROMPT_TOKENS.inc(P)
         self.t0 = time.monotonic()
         self.t_first = None
         self.last_commit = None
@@ -70,8 +71,7 @@ class Run:
     def reprefill(self) -> None:
         """After a fault: re-prefill the committed prefix under a new epoch."""
         log.warning("[recover] %s: re-prefilling %d committed tokens", self.job.rid, len(self.verifier.tokens))
-        self.verifier.drafts = {}
-        self.verifier._reseeded = True
+        self.verifier.restart()
         self.exits = {}
         self._prefill(self.verifier.tokens, prompt_len=len(self.job.prompt_ids))
 
@@ -101,8 +101,8 @@ class Run:
             q = torch.zeros(self.d.cfg.vocab_size)
             q[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
         self.verifier.offer(msg.pos, int(msg.header["token"]), q)
-        self.stats["draft_ms"] += msg.header.get("t_ms", 0.0)
-        self.stats["drafts"] += 1
+        self.stats.draft_ms += msg.header.get("t_ms", 0.0)
+        self.stats.drafts += 1
         metrics.PHASE.labels("draft").observe(msg.header.get("t_ms", 0.0) / 1e3)
 
     def _judgeable(self, exit: wire.Message, seen: float) -> bool:
@@ -122,20 +122,20 @@ class Run:
             p[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
         t0 = time.perf_counter()
         v = self.verifier.judge(msg.pos, p=p, argmax=int(msg.header["argmax"]))
-        self.stats["verify_ms"] += 1e3 * (time.perf_counter() - t0)
+        self.stats.verify_ms += 1e3 * (time.perf_counter() - t0)
         metrics.PHASE.labels("verify").observe(time.perf_counter() - t0)
         for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
-            self.stats["stage_ms"][j] += ms
+            self.stats.stage_ms[j] += ms
             metrics.PHASE.labels(f"stage{j + 1}").observe(ms / 1e3)
         for j, rows in enumerate(msg.header.get("batch", [])[: self.d.n]):
-            self.stats["batch"][j] += rows
+            self.stats.batch[j] += rows
             metrics.BATCH.observe(rows)
         self._commit(v)
         if v.finish:
             self._finish(v.finish)
             return True
         if v.reseed:
-            self.stats["flushes"] += v.accepted is False
+            self.stats.flushes += v.accepted is False
             if v.accepted is False:
                 metrics.FLUSHES.inc()
                 log.info("[flush] %s: reject at %d (draft %s, target %d)", self.job.rid, v.position, v.draft, v.token)
@@ -148,7 +148,10 @@ class Run:
         now = time.monotonic()
         if self.t_first is None:
             self.t_first = now
-        elif self.last_accept and v.accepted:
+            metrics.TTFT.observe(now - self.job.submitted)
+        else:
+            metrics.INTER_TOKEN.observe(now - self.last_commit)
+        if self.last_accept and v.accepted:
             self.cycle_ms.append(1e3 * (now - self.last_commit))
             metrics.CYCLE.observe(self.cycle_ms[-1] / 1e3)
         self.last_commit, self.last_accept, self.progress = now, bool(v.accepted), now
@@ -158,21 +161,19 @@ class Run:
         self.job.emit("token", v.token)
 
     def _finish(self, reason: str) -> None:
-        v, now = self.verifier, time.monotonic()
+        v, now, s = self.verifier, time.monotonic(), self.stats
         first = self.t_first or now
         N, K = len(v.generated), v.cycles
         decode_s = now - first
-        self.stats.update(generated_tokens=N, cycles=K, accepts=v.accepts, rejects=v.rejects,
-                          alpha=N / K if K else 0.0, theoretical_speedup=self.d.n * N / K if K else 0.0,
-                          prefill_ms=1e3 * (first - self.t0), ttft_ms=1e3 * (first - self.t0) + self.stats["queue_ms"],
-                          decode_ms=1e3 * decode_s, tokens_per_s=(N - 1) / decode_s if N > 1 and decode_s > 0 else 0.0)
+        s.finish(N, K, exits=N)  # each commit came from one exiting token
+        s.accepts, s.rejects = v.accepts, v.rejects
+        s.prefill_ms = 1e3 * (first - self.t0)
+        s.ttft_ms, s.decode_ms = s.prefill_ms + s.queue_ms, 1e3 * decode_s
+        s.tokens_per_s = (N - 1) / decode_s if N > 1 and decode_s > 0 else 0.0
         if self.cycle_ms:
             ordered = sorted(self.cycle_ms)
-            self.stats.update(cycle_ms_p50=ordered[len(ordered) // 2],
-                              cycle_ms_p99=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))])
-        exits = max(1, N)  # each commit came from one exiting token
-        self.stats["stage_ms"] = [ms / exits for ms in self.stats["stage_ms"]]
-        self.stats["batch"] = [rows / exits for rows in self.stats["batch"]]  # mean batch its tokens ran in
+            s.cycle_ms_p50 = ordered[len(ordered) // 2]
+            s.cycle_ms_p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         metrics.CYCLES.inc(K)
-        self.job.emit("done", reason, self.stats)
-        self.d.end(self, "cancelled" if reason == "cancelled" else "ok")
+        metrics.E2E.observe(now - self.job.submitted)
+        self.job.emit("done", reason, s)

@@ -16,6 +16,7 @@ from spd.runtime import metrics
 from spd.runtime.driver import Driver
 from spd.runtime.jobs import Job
 from spd.text import TextStream, encode_prompt
+from spd.runtime.stats import RequestStats
 from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,6 @@ class SPDServicer(spd_pb2_grpc.SPDServicer):
                 return
 
 
-def _stats(d: dict) -> spd_pb2.Stats:
-    fields = set(spd_pb2.Stats.DESCRIPTOR.fields_by_name)
-    return spd_pb2.Stats(**{k: v for k, v in d.items() if k in fields})
+def _stats(stats: RequestStats | None) -> spd_pb2.Stats:
+    """The message from the typed figures, field for field (a name missing on either side raises)."""
+    return spd_pb2.Stats(**stats.as_dict()) if stats is not None else spd_pb2.Stats()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spd import wire
-from spd.core.sampling import SamplingParams, choose, process
+from spd.core.sampling import SamplingParams, decided_token, process
 from spd.core.stage import Stage
 from spd.core.target import prefill_chunks
 from spd.runtime.gather import GATHER, Gather
@@ -190,7 +190,7 @@ class StageWorker(Worker):
         argmax(log p + G)), plus the processed support for rejection sampling."""
         pos = head["pos"] + len(head["tokens"]) - 1  # the last position of this input
         params = slot.params
-        decided = choose(logits, params, pos + 1)[0] if params.decided else int(torch.argmax(logits))
+        decided = decided_token(logits, params, pos + 1)
         summary = {**head, "pos": pos, "argmax": decided}
         tensors = None
         if not params.decided:  # rejection sampling needs the whole processed distribution
