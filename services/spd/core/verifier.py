@@ -21,6 +21,12 @@ from spd.core.sampling import STREAM_TARGET, SamplingParams, decided_token, keye
 from spd.core.stopping import StopRule
 
 
+def commit_cycles(n: int, reseeded: bool) -> int:
+    """Lockstep cycles a commit costs (design §4): n after a reseed (the token refills the whole
+    pipeline before it exits), 1 when it follows an accepted draft (one token exits per cycle)."""
+    return n if reseeded else 1
+
+
 @dataclass
 class Verdict:
     position: int  # position of the committed token
@@ -99,7 +105,7 @@ class Verifier:
 
     def _commit(self, pos: int, token: int, accepted: bool | None, draft: int | None) -> Verdict:
         if self.generated:  # the first token comes from prefill, not from a cycle
-            self.cycles += self.n if self._reseeded else 1
+            self.cycles += commit_cycles(self.n, self._reseeded)
         self.tokens.append(token)
         self._reseeded = not accepted
         if not accepted:

@@ -20,10 +20,11 @@ import torch
 
 from spd.core.drafter import DrafterState
 from spd.core.sampling import SamplingParams, choose
+from spd.core.schedule import drafts, staircase_offset
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
 from spd.core.target import max_new_tokens, run_through
-from spd.core.schedule import drafts, staircase_offset
+from spd.core.verifier import commit_cycles
 
 
 @dataclass
@@ -95,7 +96,7 @@ def replay(drafter: DrafterState, prompt: list[int], generated: list[int], ancho
     for j in range(P + 1, T):  # judge position j
         has_draft = drafts(schedule, n)
         accepted = has_draft and drafter.draft(SamplingParams(), drafter.staircase(base, s0)).token == tokens[j]
-        result.cycles += n if reseeded else 1
+        result.cycles += commit_cycles(n, reseeded)
         if has_draft:
             result.accepts += accepted
             result.rejects += not accepted

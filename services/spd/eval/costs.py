@@ -28,12 +28,12 @@ import torch
 
 from spd.core.drafter import DrafterState
 from spd.core.sampling import SamplingParams
+from spd.core.schedule import staircase_offset
+from spd.core.split import uniform_split
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
 from spd.core.target import ar_generate, load_pipeline
-from spd.core.split import uniform_split
 from spd.eval.acceptance import _commit
-from spd.core.schedule import staircase_offset
 
 OVERHEAD_FILE = Path("benchmarks/results/runtime_overhead.json")
 

@@ -23,8 +23,9 @@ import torch
 
 from spd.core.drafter import DrafterState
 from spd.core.sampling import SamplingParams
-from spd.eval.acceptance import _commit
 from spd.core.schedule import staircase_offset
+from spd.core.verifier import commit_cycles
+from spd.eval.acceptance import _commit
 
 
 @dataclass
@@ -77,7 +78,7 @@ def expected_cycles(beta: list[dict[int, float]], P: int, n: int, sims: int = 20
             b = max(base, j - n, P)
             accepted = rng.random() < row[b]
             beta_sum, judged = beta_sum + row[b], judged + 1
-            K_total += n if reseeded else 1
+            K_total += commit_cycles(n, reseeded)
             if not accepted:
                 base = j
             reseeded = not accepted

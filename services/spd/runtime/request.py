@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from spd import wire
+from spd.core.schedule import staircase_offset, drafts
 from spd.core.verifier import Verdict, Verifier
 from spd.runtime import metrics
 from spd.runtime.jobs import Job
-from spd.core.schedule import staircase_offset, drafts
 from spd.runtime.stats import RequestStats
 
 if TYPE_CHECKING:

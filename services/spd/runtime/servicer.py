@@ -15,8 +15,8 @@ from spd.core.target import prompt_problem
 from spd.runtime import metrics
 from spd.runtime.driver import Driver
 from spd.runtime.jobs import Job
-from spd.text import TextStream, encode_prompt
 from spd.runtime.stats import RequestStats
+from spd.text import TextStream, encode_prompt
 from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
 log = logging.getLogger(__name__)

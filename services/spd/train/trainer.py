@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from spd.core.pdm import PDM, random_pdm
+from spd.core.schedule import staircase_offset
 from spd.core.split import PipelineSplit, default_anchors, uniform_split
 from spd.train.aligned import aligned_logits
 from spd.train.teacher import TeacherCache
-from spd.core.schedule import staircase_offset
 
 log = logging.getLogger(__name__)
 
