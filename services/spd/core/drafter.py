@@ -59,6 +59,8 @@ def staircase(length: int, base: int, s0: int, n: int) -> list[int]:
 class Drafter(Protocol):
     """What the engine and the drafter process need of a drafter state (DrafterState, ScriptedDrafter)."""
 
+    depth: list[int]  # per position: stages it has completed
+
     @property
     def length(self) -> int: ...
     def fork(self) -> "Drafter": ...

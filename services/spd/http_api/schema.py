@@ -63,6 +63,10 @@ class OpenAIRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
+    def inputs(self) -> dict:
+        """What is generated from: the SDK's prompt / messages keywords (each request kind says)."""
+        raise NotImplementedError
+
     def check(self) -> None:
         if self.n != 1:
             raise Unsupported("n", self.n)

@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import zmq
 
 from spd import wire
-from spd.core.drafter import Drafter, DrafterState
+from spd.core.drafter import Drafter
 from spd.core.sampling import SamplingParams
 from spd.runtime.gather import GATHER, Gather
 from spd.runtime.topology import Topology
@@ -48,8 +49,9 @@ class _Slot:
 
 class DrafterWorker(Worker):
     role = "drafter"
+    to_stage1: zmq.Socket
 
-    def __init__(self, topology: Topology, state: DrafterState, endpoint: str | None = None,
+    def __init__(self, topology: Topology, state: Drafter, endpoint: str | None = None,
                  handover: Worker | None = None, gather: float = GATHER):
         super().__init__(topology, endpoint or topology.drafter, 0, handover)
         self.state = state  # the prototype: slot k drafts with state.fork()

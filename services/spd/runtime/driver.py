@@ -191,8 +191,9 @@ class Driver:
                     self.epoch = max(self.epoch, msg.epoch)
                 raise Fault(f"{msg.header.get('role')} {msg.header.get('index')} reports a protocol error: "
                             f"{msg.header.get('reason')}")
-            run = self.runs.get(_slot_of(msg)) if msg is not None and msg.kind in ("DRAFT", "EXIT") else None
-            if run is not None and msg.rid == run.job.rid and msg.epoch == run.epoch:
+            slot = _slot_of(msg) if msg is not None and msg.kind in ("DRAFT", "EXIT") else None
+            run = self.runs.get(slot) if slot is not None else None
+            if run is not None and msg is not None and msg.rid == run.job.rid and msg.epoch == run.epoch:
                 self._guard(run, run.on_message, msg)
             for run in list(self.runs.values()):
                 self._guard(run, run.tick)
@@ -204,7 +205,8 @@ class Driver:
         slot = msg.header.get("slot")
         if slot is None:  # a compute error: that worker's state is suspect
             return True
-        run = self.runs.get(_slot_of(msg))
+        slot = _slot_of(msg)
+        run = self.runs.get(slot) if slot is not None else None
         return run is not None and msg.epoch >= run.epoch
 
     def _guard(self, run: "Run", fn, *args) -> None:

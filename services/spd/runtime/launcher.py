@@ -218,7 +218,7 @@ class Cluster:
         if p.role_file is not None and p.role.startswith("spare") and p.role_file.exists():
             role = p.role_file.read_text().strip()
             if role:
-                log.info("[recover] %s (pid %d) is now %s", p.role, p.popen.pid, role)
+                log.info("[recover] %s (pid %s) is now %s", p.role, p.popen.pid if p.popen else "?", role)
                 p.role = role
                 self.write_state()
 
@@ -228,6 +228,7 @@ class Cluster:
         if now - p.checked_at < HEALTH_EVERY_S:
             return
         p.checked_at = now
+        assert p.popen is not None, "only running processes are health-checked"
         if _answers(p, timeout=min(1.0, self.cfg.hung_after_s / 2)):
             p.healthy_at = time.monotonic()
         elif p.healthy_at is not None and time.monotonic() - p.healthy_at > self.cfg.hung_after_s:
@@ -239,6 +240,7 @@ class Cluster:
     def _count_start_failure(self, p: Proc, now: float) -> None:
         """An error exit (not a signal: kill -9 is a fault to recover from) within START_WINDOW_S of
         the spawn counts; max_start_failures in a row raise CrashLoop."""
+        assert p.popen is not None
         code = p.popen.returncode
         early = code > 0 and now - p.spawned_at < START_WINDOW_S
         p.start_failures = p.start_failures + 1 if early else 0

@@ -16,4 +16,4 @@ ENV = "SPD_SUPERVISOR_PID"
 
 def supervisor_gone() -> bool:
     pid = os.environ.get(ENV)
-    return bool(pid) and os.getppid() != int(pid)
+    return pid is not None and pid != "" and os.getppid() != int(pid)

@@ -70,7 +70,9 @@ def serve(cfg: OrchestratorConfig) -> None:
     health.set(LIVENESS, SERVING)  # the process answers: what a liveness probe asks (not pipeline readiness)
     reflection.enable_server_reflection((SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                          reflection.SERVICE_NAME), server)
-    if cfg.tls_cert:
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise SystemExit("spd orchestrator: --tls-cert and --tls-key go together")
+    if cfg.tls_cert and cfg.tls_key:
         server.add_secure_port(f"{cfg.host}:{cfg.port}", server_credentials(cfg.tls_cert, cfg.tls_key))
     else:
         server.add_insecure_port(f"{cfg.host}:{cfg.port}")

@@ -48,8 +48,8 @@ class Run:
         metrics.QUEUE_TIME.observe(self.stats.queue_ms / 1e3)
         metrics.PROMPT_TOKENS.inc(P)
         self.t0 = time.monotonic()
-        self.t_first = None
-        self.last_commit = None
+        self.t_first: float | None = None  # when the first token was committed
+        self.last_commit = 0.0  # when the last one was
         self.last_accept = False
         self.cycle_ms: list[float] = []  # steady-state cycle times (accept after accept)
 

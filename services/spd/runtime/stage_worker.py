@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import zmq
 
 from spd import wire
 from spd.core.sampling import SamplingParams, decided_token, process
@@ -43,6 +44,8 @@ class _Slot:
 
 class StageWorker(Worker):
     role = "stage"
+    to_next: zmq.Socket  # stage j+1, or the orchestrator from stage n
+    to_drafter: zmq.Socket
 
     def __init__(self, topology: Topology, index: int, stage: Stage, endpoint: str | None = None,
                  handover: Worker | None = None, gather: float = GATHER):

@@ -36,6 +36,7 @@ MAX_DRAIN = 256  # messages handled before computing what is ready
 
 class Worker:
     role = "worker"
+    to_orch: zmq.Socket  # PUSH sockets are made per route by _connect (name -> endpoint in _routes)
 
     def __init__(self, topology: Topology, endpoint: str, index: int = 0, handover: "Worker | None" = None):
         self.topology, self.endpoint, self.index = topology, endpoint, index
