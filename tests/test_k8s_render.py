@@ -21,13 +21,14 @@ from kubernetes_validate import utils as kv
 from spd.cli import main as spd_main
 from spd.commands import http as http_command
 from spd.commands import workers
+from spd.k8s import manifests
 from spd.k8s import render as r
 from spd.k8s.render import GPU, RenderConfig, render
 from spd.runtime.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
-VARIANTS = {name: RenderConfig(**kw) for name, kw in r.TREE_VARIANTS.items()}
+VARIANTS = {name: RenderConfig(**kw) for name, kw in manifests.TREE_VARIANTS.items()}
 VERSIONS = ("1.33.0", kv.latest_version())  # oldest we claim, newest kubernetes-validate ships
 WORKLOADS = ("StatefulSet", "Deployment")
 
@@ -336,13 +337,13 @@ def _stdout(argv: list[str]) -> str:
 
 
 def test_the_committed_kustomize_tree_is_current():
-    stale = r.stale_tree_files(K8S, r.tree_files())
+    stale = manifests.stale_tree_files(K8S, manifests.tree_files())
     assert not stale, f"regenerate with `spd k8s render --tree k8s`: {stale}"
 
 
 def test_render_is_deterministic():
-    assert r.to_yaml(render(RenderConfig(n=8))) == r.to_yaml(render(RenderConfig(n=8)))
-    assert r.tree_files() == r.tree_files()
+    assert manifests.to_yaml(render(RenderConfig(n=8))) == manifests.to_yaml(render(RenderConfig(n=8)))
+    assert manifests.tree_files() == manifests.tree_files()
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -351,18 +352,18 @@ def test_spd_k8s_render_prints_exactly_the_committed_overlay(name):
     argv = ["k8s", "render", "--n", str(v.n), "--spares", str(v.spares)] + (["--cpu"] if v.cpu else [])
     text = _stdout(argv)
     docs = [d for d in yaml.safe_load_all(text) if d]
-    assert docs == r.load_kustomize_dir(K8S / "overlays" / name)
+    assert docs == manifests.load_kustomize_dir(K8S / "overlays" / name)
     # byte for byte: the stream is the committed files' documents, in kustomization order
-    assert text == "".join("---\n" + r.dump(d) for d in docs)
+    assert text == "".join("---\n" + manifests.dump(d) for d in docs)
     files = []
     for d in (K8S / "base", K8S / "overlays" / name):
         files += [d / f for f in yaml.safe_load((d / "kustomization.yaml").read_text())["resources"] if not f.startswith("..")]
-    assert text == "".join("---\n" + f.read_text().removeprefix(r.GENERATED) for f in files)
+    assert text == "".join("---\n" + f.read_text().removeprefix(manifests.GENERATED) for f in files)
 
 
 def test_render_out_writes_a_kustomization_of_the_same_objects(tmp_path):
     _stdout(["k8s", "render", "--n", "3", "--namespace", "inference", "--image", "reg.example/spd:1", "--out", str(tmp_path)])
-    objs = r.load_kustomize_dir(tmp_path)
+    objs = manifests.load_kustomize_dir(tmp_path)
     assert objs == render(RenderConfig(n=3, namespace="inference", image="reg.example/spd:1"))
     assert Topology.from_json(config_of(objs)["SPD_TOPOLOGY"]).stages[2] == \
         "tcp://spd-stage-2.spd-stage.inference.svc.cluster.local:5555"
@@ -384,8 +385,8 @@ def test_the_docs_show_what_render_n8_prints():
     assert {(kind, name) for kind, name, _ in quotes} == {("ConfigMap", "spd-config"), ("StatefulSet", "spd-stage")}
     objs = render(RenderConfig(n=8))
     for kind, name, body in quotes:
-        assert body == r.dump(one(objs, kind, name)), f"k8s/README.md: {kind}/{name} is stale (spd k8s render --tree k8s)"
-    assert r.refresh_readme(text) == text
+        assert body == manifests.dump(one(objs, kind, name)), f"k8s/README.md: {kind}/{name} is stale (spd k8s render --tree k8s)"
+    assert manifests.refresh_readme(text) == text
 
 
 def test_the_dockerfile_matches_what_the_manifests_expect():

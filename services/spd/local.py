@@ -57,6 +57,8 @@ class LocalPipeline:
     pdm: PDM | None  # None when built for AR only
 
     def drafter(self) -> DrafterState:
+        if self.pdm is None:
+            raise ValueError("this pipeline was built without a drafter (with_drafter=False)")
         return DrafterState(self.pdm, self.stages[0].embed, self.split)
 
 

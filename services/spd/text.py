@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import PreTrainedTokenizerBase
 
 
@@ -11,7 +13,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | None = None,
     if raw:
         return tokenizer.encode(prompt or "", add_special_tokens=False)
     messages = messages or [{"role": "user", "content": prompt or ""}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
@@ -31,7 +33,7 @@ class TextStream:
 
     def text(self) -> str:
         """The full text so far, cut before the first stop string."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        text: str = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)  # type: ignore[assignment]
         cuts = [text.find(s) for s in self.stop if s in text]
         return text[: min(cuts)] if cuts else text
 

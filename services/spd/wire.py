@@ -108,7 +108,8 @@ def encode(kind: str, header: dict, tensors: dict[str, torch.Tensor] | None = No
     if TENSORS_KEY in header:
         raise WireError(f"header key {TENSORS_KEY!r} is reserved")
     _check_required(header)
-    buffers, table = [], []
+    buffers: list = []  # raw tensor frames
+    table: list[dict] = []
     for name, tensor in (tensors or {}).items():
         buf, entry = _tensor_frame(name, tensor, frame=2 + len(buffers))
         buffers.append(buf)
@@ -229,7 +230,7 @@ def _check_entry(entry, n_frames: int):
         raise WireError(f"tensor {name!r}: dtype {dtype!r} not allowed")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(d) and d >= 0 for d in shape):
         raise WireError(f"tensor {name!r}: bad shape {shape!r}")
-    if not _is_int(index) or not 2 <= index < n_frames:
+    if not isinstance(index, int) or not _is_int(index) or not 2 <= index < n_frames:
         raise WireError(f"tensor {name!r}: bad frame index {index!r}")
     return name, DTYPES[dtype], shape, index
 

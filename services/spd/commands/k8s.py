@@ -101,27 +101,27 @@ def _objects(args) -> list[dict]:
 
 
 def run_render(args) -> int:
-    from spd.k8s import render as r
+    from spd.k8s import manifests
 
     if args.tree:
-        files = r.tree_files(namespace=args.namespace, name=args.name, image=args.image)
+        files = manifests.tree_files(namespace=args.namespace, name=args.name, image=args.image)
         readme = args.tree / "README.md"
         if readme.is_file():  # its quotes of `spd k8s render --n N` objects
-            files["README.md"] = r.refresh_readme(readme.read_text())
+            files["README.md"] = manifests.refresh_readme(readme.read_text())
         if args.check:
-            stale = r.stale_tree_files(args.tree, files)
+            stale = manifests.stale_tree_files(args.tree, files)
             for rel in stale:
                 print(f"stale: {args.tree / rel}", file=sys.stderr)
             return 1 if stale else 0
-        for path in r.write_files(args.tree, files):
+        for path in manifests.write_files(args.tree, files):
             print(path)
         return 0
     objs = _objects(args)
     if args.out:
-        for path in r.write_files(args.out, r.out_files(objs)):
+        for path in manifests.write_files(args.out, manifests.out_files(objs)):
             print(path)
         return 0
-    sys.stdout.write(r.to_yaml(objs))
+    sys.stdout.write(manifests.to_yaml(objs))
     return 0
 
 

@@ -193,7 +193,9 @@ def _draft_block(jobs: list[tuple[DrafterState, SamplingParams, list[int] | None
         anchors[b, :q] = state.states[C:T]
         eligible[b, :q] = torch.tensor([state._eligible[k] for k in depths[C:T]])
         positions[b] = torch.arange(C, C + Q)
-        masks.append(causal_mask(Q, C, anchors.device))  # [1, 1, Q, C + Q]: padding sits after the real rows
+        mask = causal_mask(Q, C, anchors.device)  # [1, 1, Q, C + Q]: padding sits after the real rows
+        assert mask is not None  # Q = n + 2 >= 3 positions
+        masks.append(mask)
         spans.append((C, q, next((i for i, k in enumerate(depths[C:T]) if k < n), q)))
         newest[b] = q - 1
     g = pdm.fuse_fixed(anchors.view(P * Q, m, -1), eligible.view(-1)).view(P, Q, -1)  # [P, Q, w]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
 import torch
@@ -50,8 +50,8 @@ class _Run:
     slots: list  # slots[j] = (position, input) for stage j+1, or None
     slot: int = 0  # its KV cache slot in every stage
     drafter: Drafter | None = None  # its own drafter state (None: no drafting)
-    stats: Stats | None = None
-    trace: list | None = None
+    stats: Stats = field(default_factory=Stats)
+    trace: list[dict] = field(default_factory=list)  # per-cycle records when tracing
     waiting: int | None = None  # position of a fresh draft waiting to enter stage 1
     base: int = 0  # first position of the current pipeline fill (the last reseed)
     finish: str | None = None
@@ -71,7 +71,7 @@ class SPDEngine:
         self.n = len(stages)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, stop: StopRule) -> Generation:
-        stats, trace = Stats(n=self.n), []
+        stats, trace = Stats(n=self.n), list[dict]()
         tokens = list(self.stream(prompt_ids, params, stop, stats, trace))
         return Generation(tokens, stop.finish_reason(tokens) or "length", stats, trace)
 
@@ -113,7 +113,7 @@ class SPDEngine:
                 for stage in self.stages:
                     stage.release(run.slot)
                 tokens = run.verifier.generated
-                done[i] = Generation(tokens, run.finish, run.stats, run.trace)
+                done[i] = Generation(tokens, run.finish or "length", run.stats, run.trace)
             cycle += 1
         return [done[i] for i in range(len(requests))]
 
@@ -135,7 +135,7 @@ class SPDEngine:
         on_stage = (lambda j, out, start: drafter.observe(start, len(out.hidden), j, out.anchors)) if drafter else None
         out = prefill(self.stages, ids, on_stage, slot)
         verifier = Verifier(list(prompt_ids), params, stop, max_new_tokens(len(prompt_ids), stop, self.stages), self.n)
-        first = verifier.first(out.logits[-1])
+        first = verifier.first(out.last_logits)
         run = _Run(verifier, list(verifier.tokens), [None] * self.n, slot, drafter, stats,
                    trace if trace is not None else [], finish=first.finish)
         if run.finish is None:
@@ -191,7 +191,7 @@ class SPDEngine:
                     if run.drafter is not None:
                         run.drafter.observe(pos, 1, j + 1, out.anchors)
                     if j == self.n - 1:
-                        exits[i] = (pos, out.logits[-1])
+                        exits[i] = (pos, out.last_logits)
                     else:
                         run.slots[j + 1] = (pos, out.hidden)
         return exits
@@ -233,9 +233,11 @@ class SPDEngine:
         t0 = time.perf_counter()
         jobs = []
         for run, _ in wanting:
-            depths = run.drafter.staircase(run.base, staircase_offset(self.schedule))
-            assert run.drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
-            jobs.append((run.drafter, run.verifier.params, depths))
+            drafter = run.drafter
+            assert drafter is not None
+            depths = drafter.staircase(run.base, staircase_offset(self.schedule))
+            assert drafter.ready(depths), "lockstep invariant: the staircase is exactly what was observed"
+            jobs.append((drafter, run.verifier.params, depths))
         drafts: list[Draft] = type(jobs[0][0]).draft_many(jobs)
         dt = time.perf_counter() - t0
         for (run, record), draft in zip(wanting, drafts):
@@ -250,7 +252,7 @@ class SPDEngine:
     def _admit_draft(self, run: _Run) -> None:
         """A draft that survived the cycle's verdict enters stage 1."""
         pos, run.waiting = run.waiting, None
-        if pos is not None and run.finish is None:
+        if pos is not None and run.finish is None and run.drafter is not None:
             run.slots[0] = (pos, torch.tensor([run.tokens[pos]]))
             run.drafter.enter(pos, torch.tensor([run.tokens[pos]]))
 

@@ -39,7 +39,7 @@ class KVCache:
         slot = self._slot[layer_idx]
         start, end = self._length, self._length + k.shape[2]
         buf_k, buf_v = self._k[slot], self._v[slot]
-        if buf_k is None or buf_k.shape[2] < end:
+        if buf_k is None or buf_v is None or buf_k.shape[2] < end:
             buf_k, buf_v = self._grow(buf_k, k, end), self._grow(buf_v, v, end)
             self._k[slot], self._v[slot] = buf_k, buf_v
         buf_k[:, :, start:end] = k

@@ -49,7 +49,7 @@ class PDMConfig:
         self.hidden_size = self.hidden_size or self.target_hidden
 
     def qwen3(self) -> Qwen3Config:
-        return Qwen3Config(
+        return Qwen3Config(  # type: ignore[call-arg]  # attn_implementation is a PretrainedConfig kwarg
             vocab_size=self.draft_vocab, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
             num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
@@ -82,7 +82,8 @@ class PDM(nn.Module):
         self.rotary = Qwen3RotaryEmbedding(qc)
         self.norm = Qwen3RMSNorm(w, eps=config.rms_norm_eps)
         self.head = nn.Linear(w, config.draft_vocab, bias=False)
-        self.register_buffer("d2t", d2t.long().clone())  # [V_s] draft id -> target id
+        self.d2t: torch.Tensor  # [V_s] draft id -> target id (a buffer: moves with the module)
+        self.register_buffer("d2t", d2t.long().clone())
         for mod in self.modules():
             if isinstance(mod, nn.Linear):
                 nn.init.normal_(mod.weight, std=0.02)

@@ -113,6 +113,8 @@ def verify(p: torch.Tensor | None, target_token: int, draft: int, q: torch.Tenso
     """
     if params.decided:
         return draft == target_token, target_token
+    if p is None or q is None:
+        raise ValueError("rejection sampling judges with both distributions, p and q")
     u = torch.rand((), generator=keyed_generator(params.seed, position, STREAM_ACCEPT))
     px, qx = float(p[draft]), float(q[draft])
     if qx > 0 and u < min(1.0, px / qx):

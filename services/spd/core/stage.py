@@ -24,6 +24,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -42,11 +43,18 @@ class StageOutput:
     anchors: dict[int, torch.Tensor]  # b -> H[b]: [T, d] for the anchors this stage produces
     logits: torch.Tensor | None  # [T, V] from the LM head (last stage only)
 
+    @property
+    def last_logits(self) -> torch.Tensor:
+        """logits[-1]: [V], the next-token distribution after the last position (last stage only)."""
+        if self.logits is None:
+            raise RuntimeError("only the last stage has logits")
+        return self.logits[-1]
+
 
 class Stage(nn.Module):
     """Layers (first, last] of the target, optionally with the embedding and the LM head."""
 
-    def __init__(self, config: PretrainedConfig, layers: range, anchors: tuple[int, ...], modules: dict[str, nn.Module],
+    def __init__(self, config: PretrainedConfig, layers: range, anchors: tuple[int, ...], modules: dict[str, Any],
                  rows: int = 1):
         super().__init__()
         self.config = config
@@ -54,20 +62,21 @@ class Stage(nn.Module):
         self.layer_ids = list(layers)
         self.is_first = self.layer_ids[0] == 0
         self.is_last = self.layer_ids[-1] == config.num_hidden_layers - 1
-        self.embed = modules.get("embed")
+        self.embed: Any = modules.get("embed")  # the token embedding (first stage only)
         self.layers = nn.ModuleList(modules["layers"])
-        self.rotary = modules["rotary"]
-        self.norm = modules.get("norm")
-        self.lm_head = modules.get("lm_head")
+        self.rotary: Any = modules["rotary"]
+        self.norm: Any = modules.get("norm")  # final norm and LM head (last stage only)
+        self.lm_head: Any = modules.get("lm_head")
         self.layer_range = range(self.layer_ids[0], self.layer_ids[-1] + 1)  # global indices of its layers
         self.anchors = tuple(b for b in anchors if produces(self.layer_range, b))
         self.caches: dict[int, KVCache] = {}  # slot -> its request's KV cache
         for layer in self.layers:  # attention that also takes per-slot histories (plain sdpa otherwise)
-            layer.self_attn.config = _with_attention(layer.self_attn.config, ROWS)
+            attention: Any = layer.self_attn
+            attention.config = _with_attention(attention.config, ROWS)
 
     @property
     def device(self) -> torch.device:
-        return self.layers[0].input_layernorm.weight.device
+        return next(self.layers[0].parameters()).device
 
     def cache(self, slot: int = 0) -> KVCache:
         if slot not in self.caches:
@@ -195,7 +204,7 @@ def load_stage(model_dir: Path, config: PretrainedConfig, layers: range, anchors
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     index = _weight_index(model_dir)
-    modules: dict[str, nn.Module] = {
+    modules: dict[str, Any] = {
         "layers": [_materialise(skeleton.model.layers[i], f"model.layers.{i}.", index, device, dtype) for i in layers],
         "rotary": type(skeleton.model.rotary_emb)(config=config).to(device),  # buffers computed, not loaded
     }

@@ -97,7 +97,7 @@ def ar_stream(stages: list[Stage], prompt_ids: list[int], params: SamplingParams
     generated: list[int] = []
     pos = len(prompt_ids)
     while True:
-        token, _ = choose(out.logits[-1], params, pos)
+        token, _ = choose(out.last_logits, params, pos)
         generated.append(token)
         stats.generated_tokens = len(generated)
         yield token

@@ -84,10 +84,13 @@ class Verifier:
         judged = pos + 1
         if judged != len(self.tokens):
             raise RuntimeError(f"judging position {judged} but {len(self.tokens)} tokens are committed")
-        if argmax is None:  # the target's decided token (greedy / gumbel); stage n may send it ready
-            argmax = decided_token(logits, self.params, judged)
-        if p is None and not self.params.decided:
-            p = process(logits, self.params)
+        if argmax is None or (p is None and not self.params.decided):
+            if logits is None:
+                raise ValueError("judge needs the logits, or the decided token and (sampling) p")
+            if argmax is None:  # the target's decided token (greedy / gumbel); stage n may send it ready
+                argmax = decided_token(logits, self.params, judged)
+            if p is None and not self.params.decided:
+                p = process(logits, self.params)
         if judged in self.drafts:
             draft, q = self.drafts.pop(judged)
             accepted, token = verify(p, argmax, draft, q, self.params, judged)
@@ -95,7 +98,8 @@ class Verifier:
             self.rejects += not accepted
         else:  # no draft waiting: the target picks, exactly as plain decoding would
             draft, accepted = None, None
-            token = argmax if self.params.decided else sample(p, keyed_generator(self.params.seed, judged, STREAM_TARGET))
+            token = argmax if self.params.decided or p is None else \
+                sample(p, keyed_generator(self.params.seed, judged, STREAM_TARGET))
         return self._commit(judged, token, accepted, draft)
 
     def first(self, logits: torch.Tensor | None = None, p: torch.Tensor | None = None,
