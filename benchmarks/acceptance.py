@@ -10,9 +10,7 @@ and HumanEval (none of them used in training).
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -21,6 +19,7 @@ from spd.eval.acceptance import ar_with_anchors, replay
 from spd.eval.prompts import SETS, load
 from spd.local import PipelineConfig, build_local
 from spd.text import encode_prompt
+from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 
 def main() -> None:
@@ -50,12 +49,11 @@ def main() -> None:
                       "judgement_accept_rate": p, "seconds": time.perf_counter() - t0}
     result = {"n": args.n, "schedule": args.schedule, "draft": str(args.draft or "shipped"),
               "max_tokens": args.max_tokens, "sets": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"n = {args.n}, {args.schedule}-step, greedy, {args.prompts} prompts per set, <= {args.max_tokens} tokens")
-    print("  set         N      K    alpha    S0=n*alpha   p(accept)")
-    for name, r in rows.items():
-        print(f"  {name:10s} {r['N']:5d} {r['K']:6d}   {r['alpha']:.3f}   {r['S0']:.2f}         {r['judgement_accept_rate']:.3f}")
+    lines = [f"n = {args.n}, {args.schedule}-step, greedy, {args.prompts} prompts per set, <= {args.max_tokens} tokens",
+             "", "| set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['N']} | {r['K']} | {r['alpha']:.3f} | {r['S0']:.2f} | {r['judgement_accept_rate']:.3f} |"
+              for name, r in rows.items()]
+    save(args.out, result, "\n".join(lines))
 
 
 if __name__ == "__main__":

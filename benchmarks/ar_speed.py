@@ -7,7 +7,6 @@ Greedy, batch 1, default model, fp32, prefill excluded from tok/s. Writes JSON a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from spd.core.stopping import StopRule
 from spd.core.target import ar_generate, run_through
 from spd.local import PipelineConfig, build_local
 from spd.text import encode_prompt
+from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 PROMPT = "Write a short story about a robot who learns to paint."
 
@@ -78,14 +78,12 @@ def main() -> None:
     stages = stage_times(ids, 5, args.reps)
     result = {"threads": args.threads, "prompt_tokens": len(ids), "generated": args.tokens, "ours": a, "hf_generate": b,
               "same_tokens": a["token_ids"] == b["token_ids"], "stages_n5": stages}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"AR greedy, {args.tokens} tokens, {args.threads} threads, prompt {len(ids)} tokens")
-    print(f"  ours (KV-cache loop): {a['tok_s']:6.1f} tok/s")
-    print(f"  HF generate:          {b['tok_s']:6.1f} tok/s   same tokens: {result['same_tokens']}")
-    print("one stage forward at n = 5 (single token):")
-    for r in stages:
-        print(f"  stage {r['stage']}: {r['layers']} layers{' + LM head' if r['lm_head'] else ''}: {r['ms_p50']:.2f} ms")
+    lines = [f"AR greedy, {args.tokens} tokens, {args.threads} threads, prompt {len(ids)} tokens", "",
+             "| decoder | tok/s |", "|---|---|", f"| ours (KV-cache loop) | {a['tok_s']:.1f} |",
+             f"| HF generate | {b['tok_s']:.1f} |", "", f"same tokens: {result['same_tokens']}", "",
+             "| stage (n = 5, one token) | layers | ms p50 |", "|---|---|---|"]
+    lines += [f"| {r['stage']} | {r['layers']}{' + LM head' if r['lm_head'] else ''} | {r['ms_p50']:.2f} |" for r in stages]
+    save(args.out, result, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ pipeline (the faults ride on the first one) and counts as completed / identical 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cluster_util import address, pid_of, running_cluster, supervised, wait_for  # noqa: E402
 
 from spd_client import SPDClient  # noqa: E402
+from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 PROMPTS = ["Tell me a long story about a lighthouse keeper and a storm.",
            "Describe a busy market in a small town, in detail.",
@@ -146,10 +146,7 @@ def main() -> None:
     out = {"model": "SmolLM2-135M-Instruct (embedded default), shipped PDM", "n": args.n, "tokens": args.tokens,
            "concurrent": args.concurrent,
            "cores": os.cpu_count(), "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    Path(args.out).with_suffix(".md").write_text(table(runs) + "\n")
-    print(table(runs))
+    save(args.out, out, table(runs))
 
 
 if __name__ == "__main__":

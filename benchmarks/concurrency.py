@@ -19,7 +19,6 @@ whether every concurrent output equals its solo output at the same shape (it mus
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from spd.core.stopping import StopRule, eos_ids_of  # noqa: E402
 from spd.local import PipelineConfig, build_local  # noqa: E402
 from spd.text import encode_prompt  # noqa: E402
 from spd_client import SPDClient  # noqa: E402
+from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 PROMPTS = [  # written for this benchmark (no evaluation set), of different lengths
     "Hi!",
@@ -150,10 +150,7 @@ def main() -> None:
         rows += cluster(args, [int(x) for x in args.cluster_counts.split(",")])
     out = {"model": "SmolLM2-135M-Instruct fp32, shipped PDM, greedy", "n": args.n, "rows": args.rows,
            "cluster_rows": args.cluster_rows, "results": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    Path(args.out).with_suffix(".md").write_text(table(rows) + "\n")
-    print(table(rows))
+    save(args.out, out, table(rows))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from spd import wire  # noqa: E402
 from spd.models.loading import cache_dir, load_tokenizer, resolve_model  # noqa: E402
 from spd.models.tiny import make_tiny_model  # noqa: E402
 from spd_client import SPDClient  # noqa: E402
+from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 PROMPT = "hello"
 LOGS = Path("runs/bench-logs")  # per-process logs of the clusters started here
@@ -121,16 +122,14 @@ def main() -> None:
     result = {"zmq_hop": hop, "zero_compute": rows}
     if not args.skip_profile:
         result["cycle_profile_default_model"] = cycle_profile(args.profile_tokens)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"one ZeroMQ hop (HIDDEN-sized, loopback): p50 {hop['p50_us']:.0f} us, p99 {hop['p99_us']:.0f} us")
-    print("runtime cost per cycle (orchestrator: time between accepted commits), zero-compute stages:")
-    print("   n   cycle p50 us   cycle p99 us   mean us   accepts/rejects")
-    for r in rows:
-        print(f"  {r['n']:2d}   {r['cycle_p50_us']:12.0f}   {r['cycle_p99_us']:12.0f}   {r['decode_us_per_cycle']:7.0f}"
-              f"   {r['accepts']}/{r['rejects']}")
+    lines = [f"one ZeroMQ hop (HIDDEN-sized, loopback): p50 {hop['p50_us']:.0f} us, p99 {hop['p99_us']:.0f} us", "",
+             "runtime cost per cycle (orchestrator: time between accepted commits), zero-compute stages:", "",
+             "| n | cycle p50 us | cycle p99 us | mean us | accepts/rejects |", "|---|---|---|---|---|"]
+    lines += [f"| {r['n']} | {r['cycle_p50_us']:.0f} | {r['cycle_p99_us']:.0f} | {r['decode_us_per_cycle']:.0f} | "
+              f"{r['accepts']}/{r['rejects']} |" for r in rows]
     if "cycle_profile_default_model" in result:
-        print("cycle profile, default model, n = 5:", json.dumps(result["cycle_profile_default_model"]))
+        lines += ["", "cycle profile, default model, n = 5: " + json.dumps(result["cycle_profile_default_model"])]
+    save(args.out, result, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from spd.train.online import OnlineTeacher
 from spd.train.selfgen import selfgen_jobs
 from spd.train.teacher import cache_layers, generate_teacher, load_hf
 from spd.train.trainer import sequence_loss, target_to_draft
+from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 
 def teacher_old(model_dir, prompts, max_new, eos) -> dict:
@@ -110,13 +111,11 @@ def main(argv=None) -> int:
     result = {"threads": args.threads, "prompts": len(prompts), "max_new": args.max_new,
               "teacher": {"old": old, "new": new, "speedup": new["tokens_per_s"] / old["tokens_per_s"]},
               "trainer": {"old": t_old, "new": t_new, "speedup": t_new["positions_per_s"] / t_old["positions_per_s"]}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"| stage | old | new | new / old |\n|---|---|---|---|\n"
-          f"| teacher (tokens generated + recorded / s) | {old['tokens_per_s']:.0f} | {new['tokens_per_s']:.0f} | "
-          f"{result['teacher']['speedup']:.2f} |\n"
-          f"| trainer (positions / s) | {t_old['positions_per_s']:.0f} | {t_new['positions_per_s']:.0f} | "
-          f"{result['trainer']['speedup']:.2f} |")
+    save(args.out, result, f"| stage | old | new | new / old |\n|---|---|---|---|\n"
+         f"| teacher (tokens generated + recorded / s) | {old['tokens_per_s']:.0f} | {new['tokens_per_s']:.0f} | "
+         f"{result['teacher']['speedup']:.2f} |\n"
+         f"| trainer (positions / s) | {t_old['positions_per_s']:.0f} | {t_new['positions_per_s']:.0f} | "
+         f"{result['trainer']['speedup']:.2f} |")
     return 0
 
 

@@ -25,5 +25,6 @@ def run(args) -> int:
     if not script.exists():
         raise SystemExit(f"no benchmark {args.name!r} in {BENCHMARKS}")
     sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(BENCHMARKS))  # as `python benchmarks/NAME.py` would: its helpers import
     runpy.run_path(str(script), run_name="__main__")
     return 0
