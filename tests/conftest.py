@@ -43,6 +43,13 @@ def ar_tokens(model_dir: Path, prompt: list[int], max_tokens: int, params=Sampli
 
 
 @pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory) -> Path:
+    """A tiny random Llama (6 layers) with the default model's tokenizer, so prompts and text work."""
+    return make_tiny_model(tmp_path_factory.mktemp("chat") / "tiny", "llama", vocab_size=49152, num_layers=6,
+                           hidden_size=64, tokenizer_from=resolve_model(None), init_std=0.5)
+
+
+@pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct (converted once into the SPD cache)."""
     return resolve_model(None)

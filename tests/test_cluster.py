@@ -34,13 +34,6 @@ PROMPTS = ["hello there", "tell me a story"]
 MAX_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def tiny_chat_model(tmp_path_factory):
-    """A tiny random Llama with the default model's tokenizer (so prompts and text work)."""
-    return make_tiny_model(tmp_path_factory.mktemp("chat") / "tiny", "llama", vocab_size=49152, num_layers=6,
-                           hidden_size=64, tokenizer_from=resolve_model(None), init_std=0.5)
-
-
 def ar_reference(model_dir, prompt: str, max_tokens: int = MAX_TOKENS) -> list[int]:
     local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
     ids = encode_prompt(local.tokenizer, prompt)

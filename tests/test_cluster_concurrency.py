@@ -20,8 +20,6 @@ from spd.core.scripted import ScriptedDrafter
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.target import PREFILL_CHUNK, ar_generate
 from spd.local import PipelineConfig, build_local
-from spd.models.loading import resolve_model
-from spd.models.tiny import make_tiny_model
 from spd.text import encode_prompt
 from spd_client import SPDClient
 
@@ -31,15 +29,9 @@ WORK = [("hello there", 40), ("tell me a story about the sea", 64), ("why is the
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("many") / "tiny", "llama", vocab_size=49152, num_layers=6,
-                           hidden_size=64, tokenizer_from=resolve_model(None), init_std=0.5)
-
-
-@pytest.fixture(scope="module")
-def ar(model_dir):
+def ar(tiny_chat_model):
     """A request's output alone, in process, with the stages at the same batch shape."""
-    local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
+    local = build_local(PipelineConfig(model=str(tiny_chat_model), n=1), with_drafter=False)
     for stage in local.stages:
         stage.rows = S
     eos = eos_ids_of(local.tokenizer, local.config)
@@ -56,8 +48,8 @@ def solo(ar):
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dir, tmp_path_factory):
-    with running_cluster(tmp_path_factory.mktemp("many-logs"), n=3, model=str(model_dir), draft="random",
+def cluster(tiny_chat_model, tmp_path_factory):
+    with running_cluster(tmp_path_factory.mktemp("many-logs"), n=3, model=str(tiny_chat_model), draft="random",
                          max_concurrency=S) as c:
         with supervised(c):
             yield c
@@ -135,15 +127,15 @@ def test_a_worker_killed_with_four_requests_streaming_costs_none_of_them_a_token
     assert [tokens for tokens, _, _ in results] == solo
 
 
-def test_concurrent_requests_judge_exactly_as_the_engine_does_with_the_same_scripted_drafter(model_dir, ar, tmp_path):
+def test_concurrent_requests_judge_exactly_as_the_engine_does_with_the_same_scripted_drafter(tiny_chat_model, ar, tmp_path):
     """Per request, the processes' accepts, rejects and cycles equal the in-process engine's with the
     same (sometimes wrong) drafter: the many-request runtime wraps the same algorithm."""
     script = ar(*WORK[1])  # drafts follow this continuation: right for WORK[1]'s prompt, wrong elsewhere
     args = ["--script", ",".join(map(str, script)), "--script-wrong-every", "4"]
-    with running_cluster(tmp_path, n=3, model=str(model_dir), max_concurrency=3, extra_drafter_args=args) as c:
+    with running_cluster(tmp_path, n=3, model=str(tiny_chat_model), max_concurrency=3, extra_drafter_args=args) as c:
         with ThreadPoolExecutor(3) as pool:
             results = list(pool.map(lambda w: _stream(c, *w), WORK[:3]))
-    local = build_local(PipelineConfig(model=str(model_dir), n=3), with_drafter=False)
+    local = build_local(PipelineConfig(model=str(tiny_chat_model), n=3), with_drafter=False)
     for stage in local.stages:
         stage.rows = 3
     eos = eos_ids_of(local.tokenizer, local.config)

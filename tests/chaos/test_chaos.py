@@ -27,8 +27,8 @@ from .conftest import MAX_TOKENS, PROMPT, N
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dir, tmp_path_factory):
-    with running_cluster(tmp_path_factory.mktemp("chaos-logs"), n=N, model=str(model_dir), draft="random") as c:
+def cluster(tiny_chat_model, tmp_path_factory):
+    with running_cluster(tmp_path_factory.mktemp("chaos-logs"), n=N, model=str(tiny_chat_model), draft="random") as c:
         with supervised(c):
             yield c
 
@@ -116,10 +116,10 @@ def test_kill_the_orchestrator_the_sdk_retries_and_gets_the_identical_output(clu
     assert tokens == expected
 
 
-def test_sampled_gumbel_coupled_stream_survives_a_stage_kill_identically(cluster, model_dir):
+def test_sampled_gumbel_coupled_stream_survives_a_stage_kill_identically(cluster, tiny_chat_model):
     # With Gumbel coupling every committed token is a fixed function of (p, seed, position), so
     # the continuation after a recovery is the fault-free one (and equals plain AR sampling).
-    local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
+    local = build_local(PipelineConfig(model=str(tiny_chat_model), n=1), with_drafter=False)
     params = SamplingParams(temperature=1.0, top_k=50, seed=11, coupling="gumbel")
     rule = StopRule(MAX_TOKENS, eos_ids_of(local.tokenizer, local.config))
     want = ar_generate(local.stages, encode_prompt(local.tokenizer, PROMPT), params, rule).token_ids

@@ -16,8 +16,8 @@ from .conftest import MAX_TOKENS, PROMPT, N
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dir, tmp_path_factory):
-    with running_cluster(tmp_path_factory.mktemp("spare-logs"), n=N, model=str(model_dir), draft="random",
+def cluster(tiny_chat_model, tmp_path_factory):
+    with running_cluster(tmp_path_factory.mktemp("spare-logs"), n=N, model=str(tiny_chat_model), draft="random",
                          spares=1) as c:
         with supervised(c):
             yield c
