@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 
 from spd.commands import UsageError
+from spd import settings
 
 COMMANDS = ["generate", "workers", "up", "http", "bench", "train", "k8s", "eval"]  # module names under spd.commands
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line (commands import their heavy modules only when they run)."""
     parser = Parser(prog="spd", description="Speculative Pipeline Decoding serving system")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
-                        default=os.environ.get("SPD_LOG_LEVEL", "WARNING").upper(),
+                        default=settings.log_level(settings.CLI_LOG_LEVEL),
                         help="logging threshold (default: $SPD_LOG_LEVEL, else WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:

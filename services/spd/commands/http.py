@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from spd import settings
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("http", help="serve the OpenAI-compatible HTTP API in front of an orchestrator")
-    p.add_argument("--grpc", default="127.0.0.1:50051", help="the orchestrator's gRPC address (default 127.0.0.1:50051)")
+    p.add_argument("--grpc", default=settings.GRPC_ADDRESS, help="the orchestrator's gRPC address")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in pods)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     p.add_argument("--model", help="model directory whose name /v1/models reports (default: the embedded default)")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from spd.core.schedule import SCHEDULES
+from spd import settings
 
 
 def _config_args(p) -> None:
@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
     c = ks.add_parser("chaos", help="delete a random stage pod while a generation streams; did it complete?")
     _config_args(c)
     _cluster_args(c)
-    c.add_argument("--address", default="127.0.0.1:50051", help="the orchestrator's gRPC address (e.g. after "
+    c.add_argument("--address", default=settings.GRPC_ADDRESS, help="the orchestrator's gRPC address (e.g. after "
                    "`kubectl -n spd port-forward svc/spd-orchestrator 50051`)")
     c.add_argument("--prompt", default="Tell me a long story about a lighthouse keeper.", help="prompt of the chaos stream")
     c.add_argument("--max-tokens", type=int, default=256, help="tokens of the chaos stream")
@@ -76,7 +76,7 @@ def add_parser(sub) -> None:
     c.add_argument("--no-baseline", action="store_true", help="skip the fault-free run the tokens are compared with")
     c.add_argument("--wait-ready", type=float, default=0.0, help="then wait up to S seconds for the new pod to be Ready")
     c.add_argument("--timeout", type=float, default=900.0, help="deadline of each gRPC call, seconds")
-    c.add_argument("--token", default=os.environ.get("SPD_TOKEN"), help="the API's bearer token ($SPD_TOKEN)")
+    c.add_argument("--token", default=settings.token(), help="the API's bearer token ($SPD_TOKEN)")
     c.set_defaults(run=run_chaos)
 
 

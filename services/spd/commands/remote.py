@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import grpc
 
 from spd_client import SPDClient, SPDError
+from spd import settings
 
 DEFAULT_TIMEOUT_S = 600.0  # deadline of the call when args has no --timeout
 
@@ -20,7 +20,7 @@ def run_remote(args: argparse.Namespace) -> int:
     params = dict(raw=args.raw, max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, stop=args.stop, coupling=getattr(args, "coupling", ""))
     timeout = getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S
-    token = getattr(args, "token", None) or os.environ.get("SPD_TOKEN")
+    token = getattr(args, "token", None) or settings.token()
     ca = getattr(args, "ca", None)
     credentials = grpc.ssl_channel_credentials(Path(ca).read_bytes()) if ca else None
     try:

@@ -6,12 +6,13 @@ from pathlib import Path
 
 from spd.core.schedule import SCHEDULES
 from spd.runtime.launcher import Cluster, ClusterConfig
+from spd import settings
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("up", help="start n stages, the drafter and the orchestrator locally")
     p.add_argument("--n", type=int, default=5, help="pipeline stages, one process each (default 5)")
-    p.add_argument("--port", type=int, default=50051, help="orchestrator gRPC port (default 50051)")
+    p.add_argument("--port", type=int, default=settings.GRPC_PORT, help="orchestrator gRPC port")
     p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft", help="PDM directory ('random' for an untrained one; default: the shipped one)")
     p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L' (default uniform)")
@@ -21,7 +22,7 @@ def add_parser(sub) -> None:
                    help="draft before (pre) or after (post) each cycle's verification (default pre)")
     p.add_argument("--state-file", type=Path, help="write role -> pid/address JSON here")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
-    p.add_argument("--worker-wait", type=float, default=60.0, help="seconds a request waits for a missing stage "
+    p.add_argument("--worker-wait", type=float, default=settings.WORKER_WAIT_S, help="seconds a request waits for a missing stage "
                    "before UNAVAILABLE (default 60)")
     p.add_argument("--log-dir", type=Path, help="one log file per process (default: this terminal)")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once, sharing every stage "

@@ -12,6 +12,7 @@ from pathlib import Path
 from spd.core.schedule import SCHEDULES
 from spd.runtime.gather import GATHER
 from spd.runtime.topology import Topology
+from spd import settings
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +63,17 @@ def add_parser(sub) -> None:
     orch = sub.add_parser("orchestrator", help="run the gRPC orchestrator")
     orch.add_argument("--topology", help="JSON (or @file); default $SPD_TOPOLOGY")
     orch.add_argument("--model", help="model directory, for the tokenizer and config (default: embedded SmolLM2)")
-    orch.add_argument("--port", type=int, default=50051, help="gRPC API port (default 50051)")
+    orch.add_argument("--port", type=int, default=settings.GRPC_PORT, help="gRPC API port")
     orch.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in pods)")
     orch.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
     orch.add_argument("--schedule", choices=SCHEDULES, default="pre", help="staircase schedule (default pre)")
-    orch.add_argument("--queue-size", type=int, default=16, help="requests waiting beyond the running ones")
+    orch.add_argument("--queue-size", type=int, default=settings.QUEUE_SIZE, help="requests waiting for a slot")
     orch.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once (default 1)")
     orch.add_argument("--draft", default="shipped", help="what the drafter runs, as GetInfo reports it (default shipped)")
-    orch.add_argument("--worker-wait", type=float, default=60.0, help="seconds a request waits for a missing stage")
+    orch.add_argument("--worker-wait", type=float, default=settings.WORKER_WAIT_S, help="seconds a request waits for a missing stage")
     orch.add_argument("--tls-cert", help="PEM certificate: serve the API over TLS")
     orch.add_argument("--tls-key", help="PEM private key for --tls-cert")
-    orch.add_argument("--token", default=os.environ.get("SPD_TOKEN"), help="require this bearer token ($SPD_TOKEN)")
+    orch.add_argument("--token", default=settings.token(), help="require this bearer token ($SPD_TOKEN)")
     orch.set_defaults(run=run_orchestrator)
 
 

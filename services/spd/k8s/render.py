@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from spd.runtime.health import LIVENESS
 from spd.core.schedule import check as check_schedule
+from spd import settings
 
 # Ports: every pipeline pod has its own IP, so all of them use the same numbers.
 ZMQ_PORT = 5555  # each worker's and the orchestrator's ZeroMQ PULL inbox
@@ -71,7 +72,7 @@ class RenderConfig:
     schedule: str = "pre"
     dtype: str = ""  # "" = bfloat16 on GPU, float32 on cpu
     threads: int = 2  # torch CPU threads per worker
-    queue_size: int = 16
+    queue_size: int = settings.QUEUE_SIZE  # requests waiting for a slot
     worker_wait_s: int = 300  # how long the orchestrator holds a request for a restarting worker
     log_level: str = "INFO"
     cluster_domain: str = "cluster.local"

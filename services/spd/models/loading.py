@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from spd import settings
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 def cache_dir() -> Path:
     """Root of SPD's local caches (`SPD_CACHE`, default `~/.cache/spd`)."""
-    return Path(os.environ.get("SPD_CACHE", Path.home() / ".cache" / "spd"))
+    return Path(os.environ.get(settings.ENV_CACHE, Path.home() / ".cache" / "spd"))
 
 
 def _embedded_gguf() -> Path:

@@ -27,6 +27,7 @@ from spd.runtime.jobs import Job
 from spd.runtime.registry import Registry
 from spd.runtime.request import Fault, Run, Unavailable
 from spd.runtime.topology import Topology
+from spd import settings
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,11 @@ class DriverConfig:
     vocab_size: int  # target vocabulary (to densify sparse distributions)
     context: int  # the target's context limit
     schedule: str = "pre"  # pre | post: tells the workers s0 and whether a draft precedes each judgement
-    queue_size: int = 16  # requests waiting beyond the running one; more -> RESOURCE_EXHAUSTED
-    worker_wait_s: float = 60.0  # how long a request waits for missing workers before UNAVAILABLE
-    draft_wait_s: float = 2.0  # how long a judgement waits for its draft before the target decides alone
-    progress_timeout_s: float = 20.0  # no commit for this long (plus prefill allowance) -> recovery
-    max_recoveries: int = 3  # per request; then UNAVAILABLE
+    queue_size: int = settings.QUEUE_SIZE  # requests waiting for a slot; more -> RESOURCE_EXHAUSTED
+    worker_wait_s: float = settings.WORKER_WAIT_S  # how long a request waits for missing workers before UNAVAILABLE
+    draft_wait_s: float = settings.DRAFT_WAIT_S  # how long a judgement waits for its draft before the target decides alone
+    progress_timeout_s: float = settings.PROGRESS_TIMEOUT_S  # no commit for this long (plus prefill allowance) -> recovery
+    max_recoveries: int = settings.MAX_RECOVERIES  # per request; then UNAVAILABLE
     max_concurrency: int = 1  # requests decoding at once, each in its own slot of every worker
 
 

@@ -34,6 +34,7 @@ import zmq
 from spd.runtime import curve, lifeline
 from spd.runtime.health import LIVENESS, check
 from spd.runtime.topology import free_ports, local_topology
+from spd import settings
 
 log = logging.getLogger(__name__)
 START_WINDOW_S = 20.0  # an error exit this soon after a spawn is a start failure
@@ -43,7 +44,7 @@ HEALTH_EVERY_S = 1.0  # how often a running process's health is checked
 @dataclass
 class ClusterConfig:
     n: int = 5  # pipeline stages
-    port: int = 50051  # orchestrator gRPC port (0 = pick a free one)
+    port: int = settings.GRPC_PORT  # orchestrator gRPC port (0 = pick a free one)
     model: str | None = None  # model directory; None = embedded default
     draft: str | None = None  # PDM directory; None = shipped for this model, 'random' = untrained
     split: str = "uniform"  # stage split spec
@@ -54,9 +55,9 @@ class ClusterConfig:
     log_dir: Path | None = None  # per-process logs (default: inherit stderr)
     extra_drafter_args: list[str] = field(default_factory=list)  # e.g. ["--script", "..."] (tests)
     extra_stage_args: list[str] = field(default_factory=list)  # e.g. ["--zero-compute"] (benchmarks)
-    queue_size: int = 16  # orchestrator: requests waiting beyond the running one
+    queue_size: int = settings.QUEUE_SIZE  # orchestrator: requests waiting for a slot
     extra_orchestrator_args: list[str] = field(default_factory=list)  # e.g. ["--token", "..."]
-    worker_wait_s: float = 60.0  # orchestrator: how long a request waits for a missing stage
+    worker_wait_s: float = settings.WORKER_WAIT_S  # orchestrator: how long a request waits for a missing stage
     ready_timeout_s: float = 300.0  # give up if not healthy by then
     max_start_failures: int = 5  # a worker failing at start this many times in a row stops the launcher
     hung_after_s: float = 4.0  # a process that was healthy and then fails health checks this long is killed
@@ -165,7 +166,7 @@ class Cluster:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _spawn(self, p: Proc) -> None:
-        argv = [sys.executable, "-m", "spd.cli", "--log-level", os.environ.get("SPD_LOG_LEVEL", "INFO"), *p.argv]
+        argv = [sys.executable, "-m", "spd.cli", "--log-level", settings.log_level(settings.WORKER_LOG_LEVEL), *p.argv]
         out = open(self.cfg.log_dir / f"{p.role}.log", "ab") if self.cfg.log_dir else None
         try:
             p.popen = subprocess.Popen(argv, stdout=out or sys.stderr, stderr=subprocess.STDOUT, start_new_session=True,

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from spd_client.v1 import spd_pb2, spd_pb2_grpc
+from spd import settings
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +35,14 @@ SERVICE = spd_pb2.DESCRIPTOR.services_by_name["SPD"].full_name  # "spd.v1.SPD"
 class OrchestratorConfig:
     topology: Topology  # where the workers listen
     model: str | None = None  # model directory or None for the default (tokenizer, config)
-    port: int = 50051  # gRPC API port
+    port: int = settings.GRPC_PORT  # gRPC API port
     host: str = "127.0.0.1"  # gRPC bind address ("0.0.0.0" in pods)
     metrics_port: int = 0  # Prometheus endpoint; 0 = off
     schedule: str = "pre"  # staircase schedule: pre | post
-    queue_size: int = 16  # requests waiting beyond the running ones
+    queue_size: int = settings.QUEUE_SIZE  # requests waiting for a slot
     max_concurrency: int = 1  # requests decoding at once (the stages' --max-concurrency must match)
     max_tokens: int = 4096  # largest max_tokens a request may ask for
-    worker_wait_s: float = 60.0  # a request fails UNAVAILABLE if a stage stays missing this long
+    worker_wait_s: float = settings.WORKER_WAIT_S  # a request fails UNAVAILABLE if a stage stays missing this long
     tls_cert: str | None = None  # PEM certificate: serve gRPC over TLS (with tls_key)
     tls_key: str | None = None  # PEM private key
     token: str | None = None  # require "authorization: Bearer <token>" on SPD calls

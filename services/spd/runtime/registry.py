@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from spd import settings
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ Key = tuple[str, int]  # ("stage", j) | ("drafter", 0) | ("spare", k)
 
 
 class Registry:
-    def __init__(self, n: int, timeout_s: float = 2.0):
+    def __init__(self, n: int, timeout_s: float = settings.HEARTBEAT_TIMEOUT_S):
         self.n, self.timeout_s = n, timeout_s
         self.workers: dict[Key, WorkerInfo] = {}
         self.retired: set[str] = set()  # incarnations that lost or left their role: their beats are ignored

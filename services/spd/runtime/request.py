@@ -17,6 +17,7 @@ from spd.core.verifier import Verdict, Verifier
 from spd.runtime import metrics
 from spd.runtime.jobs import Job
 from spd.runtime.stats import RequestStats
+from spd import settings
 
 if TYPE_CHECKING:
     from spd.runtime.driver import Driver
@@ -66,7 +67,7 @@ class Run:
                                     "s0": staircase_offset(self.d.cfg.schedule), "draft_limit": self.draft_limit,
                                     "routes": self.d.routes.to_dict()},
                         {"ids": torch.tensor(ids, dtype=torch.int64)})
-        self.progress = time.monotonic() + len(ids) * 0.05  # prefill allowance on slow CPUs
+        self.progress = time.monotonic() + len(ids) * settings.PREFILL_ALLOWANCE_S  # a prefill on a slow CPU
 
     def reprefill(self) -> None:
         """After a fault: re-prefill the committed prefix under a new epoch."""

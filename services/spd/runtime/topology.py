@@ -13,6 +13,7 @@ import os
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from spd import settings
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Topology:
 
     @classmethod
     def from_arg(cls, arg: str | None) -> "Topology":
-        text = arg or os.environ.get("SPD_TOPOLOGY")
+        text = arg or os.environ.get(settings.ENV_TOPOLOGY)
         if not text:
             raise SystemExit("no topology: pass --topology JSON or set SPD_TOPOLOGY")
         return cls.from_json(Path(text[1:]).read_text() if text.startswith("@") else text)

@@ -25,10 +25,11 @@ from spd import wire
 from spd.runtime import sockets
 from spd.runtime.lifeline import supervisor_gone
 from spd.runtime.topology import Topology
+from spd import settings
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 0.5  # heartbeat period
+HEARTBEAT_S = settings.HEARTBEAT_S
 POLL_MS = 100  # inbox poll: bounds how late a stop flag is noticed
 MAX_PENDING = 4096  # buffered future-epoch / out-of-order messages
 MAX_DRAIN = 256  # messages handled before computing what is ready
