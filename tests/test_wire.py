@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spd import wire
-from spd.wire import KINDS, Message, WireError, decode, encode
+from spd.wire import KINDS, Message, WireError, decode, encode, sparse
 
 HEADER = {"rid": "r1", "epoch": 3, "pos": 17}
 
@@ -68,15 +68,18 @@ def test_decoded_tensors_share_writable_frames_and_copy_on_request():
     assert shared[0].item() == 9.0 and owned[0].item() == 0.0
 
 
-def test_stale_compares_epochs():
-    m = roundtrip("DRAFT", {"rid": "r", "epoch": 2, "pos": 0})
-    assert m.stale(3) and not m.stale(2) and not m.stale(1)
+def test_a_distribution_travels_sparse_and_comes_back_dense():
+    p = torch.zeros(10)
+    p[[2, 7]] = torch.tensor([0.25, 0.75])
+    m = roundtrip("EXIT", HEADER, sparse(p))
+    assert m.tensors["ids"].tolist() == [2, 7] and torch.equal(m.dense(10), p)
+    assert roundtrip("EXIT", HEADER).dense(10) is None  # greedy: nothing sent
 
 
 def test_every_kind_is_accepted_and_unknown_kinds_are_not():
     for kind in KINDS:
         assert roundtrip(kind).kind == kind
-    frames = encode("ACK", HEADER)
+    frames = encode("DRAFT", HEADER)
     with pytest.raises(WireError, match="unknown message kind"):
         decode([b"BOGUS", frames[1]])
     with pytest.raises(WireError, match="unknown message kind"):
@@ -117,8 +120,8 @@ def entry(name="x", dtype="float32", shape=(2,), frame=2) -> dict:
     (frames_with({**HEADER, "tensors": "x"}), "must be a list"),
     (frames_with(HEADER, kind=b"\xff\xfe"), "not ASCII"),
     (frames_with(HEADER, kind=b"H" * 33), "kind frame 33 bytes"),
-    ([b"ACK", msgpack.packb(HEADER), *([b""] * (wire.MAX_TENSORS + 1))], "frames, expected"),
-    ([b"ACK", msgpack.packb(HEADER), object()], "not a buffer"),
+    ([b"DRAFT", msgpack.packb(HEADER), *([b""] * (wire.MAX_TENSORS + 1))], "frames, expected"),
+    ([b"DRAFT", msgpack.packb(HEADER), object()], "not a buffer"),
 ])
 def test_malformed_messages_raise_wire_error_saying_why(frames, says):
     with pytest.raises(WireError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
@@ -129,9 +132,9 @@ def test_oversized_header_is_rejected_before_unpacking(monkeypatch):
     big = msgpack.packb({**HEADER, "pad": "x" * 2000})
     monkeypatch.setattr(wire, "MAX_HEADER_BYTES", 1000)
     with pytest.raises(WireError, match="header .* bytes > 1000"):
-        decode([b"ACK", big])
+        decode([b"DRAFT", big])
     with pytest.raises(WireError, match="header .* bytes > 1000"):
-        encode("ACK", {**HEADER, "pad": "x" * 2000})
+        encode("DRAFT", {**HEADER, "pad": "x" * 2000})
 
 
 def test_oversized_message_is_rejected(monkeypatch):
@@ -239,8 +242,8 @@ def test_recv_times_out_with_none_and_garbage_raises_wire_error(push_pull):
     push.send_multipart([b"garbage", b"\x00\x01"])
     with pytest.raises(WireError):
         wire.recv(pull, timeout_ms=5000)
-    assert wire.send(push, "ACK", HEADER)
-    assert wire.recv(pull, timeout_ms=5000).kind == "ACK"  # the socket still works after garbage
+    assert wire.send(push, "DRAFT", HEADER)
+    assert wire.recv(pull, timeout_ms=5000).kind == "DRAFT"  # the socket still works after garbage
 
 
 def test_send_gives_up_after_its_timeout_when_no_peer_is_connected():

@@ -10,7 +10,8 @@ A message is a list of frames:
 decode() trusts nothing: any malformed input raises WireError (and only WireError), so a worker can
 drop it, log it and count it. Decoded tensors share the received frame's memory when it is
 writable and aligned (zmq frames from recv_multipart(copy=False) are); read-only inputs (bytes)
-are copied. Dropping stale epochs is the caller's job (Message.stale(epoch)).
+are copied. Dropping stale epochs is the caller's job. A probability distribution travels sparse
+(`sparse` / `dense`: its support's ids and probabilities).
 
 Sockets that carry large messages should also set zmq.MAXMSGSIZE so libzmq refuses oversized
 frames before allocating them; the checks here run after receipt.
@@ -27,8 +28,8 @@ import msgpack
 import torch
 import zmq
 
-KINDS = frozenset({"HELLO", "HEARTBEAT", "PREFILL", "HIDDEN", "ANCHORS", "DRAFT", "EXIT", "FLUSH",
-                   "RESEED", "CANCEL", "ACK", "ASSIGN", "ERROR"})  # known message types; frame 0 must be one of them
+KINDS = frozenset({"HELLO", "HEARTBEAT", "PREFILL", "HIDDEN", "ANCHORS", "DRAFT", "EXIT", "RESEED", "CANCEL",
+                   "ASSIGN", "ERROR"})  # known message types; frame 0 must be one of them
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}  # wire name -> dtype
@@ -93,9 +94,19 @@ class Message:
             raise WireError(f"slot must be an int in [0, {MAX_SLOTS}), got {slot!r}")
         return slot
 
-    def stale(self, current_epoch: int) -> bool:
-        """True when this message belongs to an epoch older than the receiver's."""
-        return self.epoch < current_epoch
+    def dense(self, vocab_size: int) -> torch.Tensor | None:
+        """The distribution the message carries (see `sparse`) as [V] probabilities, or None."""
+        if "ids" not in self.tensors or "probs" not in self.tensors:
+            return None
+        p = torch.zeros(vocab_size)
+        p[self.tensors["ids"].long()] = self.tensors["probs"].float()
+        return p
+
+
+def sparse(p: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A distribution p [V] as tensors to send: its support's ids (int32) and probabilities."""
+    ids = torch.nonzero(p).flatten()
+    return {"ids": ids.to(torch.int32), "probs": p[ids]}
 
 
 # ---------------------------------------------------------------------------------------- encode

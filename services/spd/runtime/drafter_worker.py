@@ -160,8 +160,4 @@ class DrafterWorker(Worker):
                 "token": d.token, "t_ms": t_ms, "fill": d.fill, "batch": batch}
         log.debug("[draft] slot %d epoch %d pos %d token %d (batch %d)", sid, slot.epoch, d.position, d.token, batch)
         self.send(self.to_stage1, "DRAFT", head)
-        tensors = None
-        if d.q is not None:
-            ids = torch.nonzero(d.q).flatten()
-            tensors = {"ids": ids.to(torch.int32), "probs": d.q[ids]}
-        self.send(self.to_orch, "DRAFT", head, tensors)
+        self.send(self.to_orch, "DRAFT", head, wire.sparse(d.q) if d.q is not None else None)

@@ -97,11 +97,7 @@ class Run:
                          (f" ({', '.join(missing)} down)" if missing else ""))
 
     def _offer(self, msg: wire.Message) -> None:
-        q = None
-        if "ids" in msg.tensors:
-            q = torch.zeros(self.d.cfg.vocab_size)
-            q[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
-        self.verifier.offer(msg.pos, int(msg.header["token"]), q)
+        self.verifier.offer(msg.pos, int(msg.header["token"]), msg.dense(self.d.cfg.vocab_size))
         self.stats.draft_ms += msg.header.get("t_ms", 0.0)
         self.stats.drafts += 1
         metrics.PHASE.labels("draft").observe(msg.header.get("t_ms", 0.0) / 1e3)
@@ -117,12 +113,8 @@ class Run:
 
     def _judge(self, msg: wire.Message) -> bool:
         del self.exits[msg.pos]
-        p = None
-        if "ids" in msg.tensors:
-            p = torch.zeros(self.d.cfg.vocab_size)
-            p[msg.tensors["ids"].long()] = msg.tensors["probs"].float()
         t0 = time.perf_counter()
-        v = self.verifier.judge(msg.pos, p=p, argmax=int(msg.header["argmax"]))
+        v = self.verifier.judge(msg.pos, p=msg.dense(self.d.cfg.vocab_size), argmax=int(msg.header["argmax"]))
         self.stats.verify_ms += 1e3 * (time.perf_counter() - t0)
         metrics.PHASE.labels("verify").observe(time.perf_counter() - t0)
         for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
@@ -178,3 +170,4 @@ class Run:
         metrics.CYCLES.inc(K)
         metrics.E2E.observe(now - self.job.submitted)
         self.job.emit("done", reason, s)
+        self.d.end(self, "cancelled" if reason == "cancelled" else "ok")

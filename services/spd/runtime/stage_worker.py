@@ -195,11 +195,8 @@ class StageWorker(Worker):
         params = slot.params
         decided = decided_token(logits, params, pos + 1)
         summary = {**head, "pos": pos, "argmax": decided}
-        tensors = None
-        if not params.decided:  # rejection sampling needs the whole processed distribution
-            p = process(logits, params)
-            ids = torch.nonzero(p).flatten()
-            tensors = {"ids": ids.to(torch.int32), "probs": p[ids]}
+        # rejection sampling needs the whole processed distribution
+        tensors = None if params.decided else wire.sparse(process(logits, params))
         self.send(self.to_next, "EXIT", summary, tensors)
 
 
