@@ -7,6 +7,7 @@ from pathlib import Path
 from spd.core.schedule import SCHEDULES
 from spd.runtime.launcher import Cluster, ClusterConfig
 from spd import settings
+from spd.runtime.gather import GATHER
 
 
 def add_parser(sub) -> None:
@@ -23,14 +24,17 @@ def add_parser(sub) -> None:
     p.add_argument("--state-file", type=Path, help="write role -> pid/address JSON here")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
     p.add_argument("--worker-wait", type=float, default=settings.WORKER_WAIT_S, help="seconds a request waits for a missing stage "
-                   "before UNAVAILABLE (default 60)")
+                   "before UNAVAILABLE")
     p.add_argument("--log-dir", type=Path, help="one log file per process (default: this terminal)")
     p.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once, sharing every stage "
-                   "forward (default 1; more pads each single-token forward to this many rows)")
+                   "forward (more pads each single-token forward to this many rows)")
+    p.add_argument("--gather", type=float, default=GATHER, help="with several requests decoding, stage 1 and the "
+                   "drafter hold ready work for at most this many of their recent compute times, so the requests run "
+                   "through the stages as one batch (0 = off)")
     p.add_argument("--http-port", type=int, default=0, help="also serve the OpenAI-compatible HTTP API on this port "
-                   "(`spd http`; default 0: none)")
+                   "(`spd http`; 0: none)")
     p.add_argument("--spares", type=int, default=0, help="warm spare workers that take over a dead stage or drafter "
-                   "in about a second (default 0: a dead worker is restarted, which takes several seconds)")
+                   "in about a second (0: a dead worker is restarted, which takes several seconds)")
     p.set_defaults(run=run)
 
 
@@ -56,5 +60,6 @@ def run(args) -> int:
         raise UsageError(f"--n/--model: {e}") from None
     cfg = ClusterConfig(args.n, args.port, args.model, args.draft, args.split, devices, args.schedule,
                         args.state_file, args.metrics_port, args.log_dir, spares=args.spares, max_concurrency=args.max_concurrency,
+                        gather=args.gather,
                         http_port=args.http_port, worker_wait_s=args.worker_wait)
     return Cluster(cfg).run()

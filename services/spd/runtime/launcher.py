@@ -35,6 +35,7 @@ from spd.runtime import curve, lifeline
 from spd.runtime.health import LIVENESS, check
 from spd.runtime.topology import free_ports, local_topology
 from spd import settings
+from spd.runtime.gather import GATHER
 
 log = logging.getLogger(__name__)
 START_WINDOW_S = 20.0  # an error exit this soon after a spawn is a start failure
@@ -64,6 +65,7 @@ class ClusterConfig:
     curve: bool = True  # encrypt/authenticate ZeroMQ with a per-launch key (SPD_CURVE_SECRET if set)
     spares: int = 0  # warm spare workers kept ready to take over a dead stage's or the drafter's role
     max_concurrency: int = 1  # requests decoding at once (slots in every worker, the stages' batch shape)
+    gather: float = GATHER  # stage 1 and the drafter wait at most this many compute times for a whole batch
     http_port: int = 0  # OpenAI-compatible HTTP API (`spd http`) on this port; 0 = none
 
 
@@ -122,7 +124,8 @@ class Cluster:
     def _plan(self, spare_ports: list[int]) -> list[Proc]:
         cfg, topo = self.cfg, self.topology
         ports = self._health_ports
-        common = ["--topology", topo.to_json(), "--split", cfg.split, "--max-concurrency", str(cfg.max_concurrency)]
+        common = ["--topology", topo.to_json(), "--split", cfg.split, "--max-concurrency", str(cfg.max_concurrency),
+                  "--gather", str(cfg.gather)]
         if cfg.model:
             common += ["--model", cfg.model]
         if cfg.draft:
