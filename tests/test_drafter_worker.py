@@ -4,16 +4,13 @@ positions its flush kept; slots that are ready together draft as one batch."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
-import torch
 
+from runtime_util import ipc_topology, message, prefill, record_sends
 from spd import wire
-from spd.core.sampling import SamplingParams
 from spd.core.scripted import ScriptedDrafter
 from spd.runtime.drafter_worker import DrafterWorker
-from spd.runtime.topology import Topology
 
 N = 2  # stages
 SCRIPT = [40, 41, 42, 43, 44, 45]  # each request's drafts: its prompt, then these
@@ -21,50 +18,38 @@ SCRIPT = [40, 41, 42, 43, 44, 45]  # each request's drafts: its prompt, then the
 
 @pytest.fixture
 def drafter(tmp_path):
-    ends = [f"ipc://{tmp_path}/{name}" for name in ("s1", "s2", "drafter", "orch")]
-    worker = DrafterWorker(Topology(tuple(ends[:2]), ends[2], ends[3]),
-                           ScriptedDrafter([], 256, continuation=SCRIPT, n=N), gather=0)
-    worker.sent = []
-    worker.send = lambda sock, kind, header, tensors=None: worker.sent.append((sock, kind, header))
+    worker = record_sends(DrafterWorker(ipc_topology(tmp_path), ScriptedDrafter([], 256, continuation=SCRIPT, n=N),
+                                        gather=0))
     yield worker
     worker.close()
 
 
-def _msg(kind, slot, epoch, pos=0, tensors=None, **header):
-    return wire.Message(kind, {"rid": f"r{slot}", "epoch": epoch, "pos": pos, "slot": slot, **header}, tensors or {})
-
-
-def _prefill(slot, ids, epoch):
-    return _msg("PREFILL", slot, epoch, base=0, params=dataclasses.asdict(SamplingParams()), prompt_len=len(ids),
-                s0=0, draft_limit=100, tensors={"ids": torch.tensor(ids)})
-
-
 def _anchors(slot, epoch, stage, pos, count):
-    return _msg("ANCHORS", slot, epoch, pos=pos, stage=stage, count=count)
+    return message("ANCHORS", slot, epoch, pos=pos, stage=stage, count=count)
 
 
 def _drafts(worker):
     """(slot, position, token, batch) of each draft sent to stage 1 (a copy goes to the orchestrator)."""
-    return [(h["slot"], h["pos"], h["token"], h["batch"]) for sock, kind, h in worker.sent
+    return [(h["slot"], h["pos"], h["token"], h["batch"]) for sock, kind, h, _ in worker.sent
             if kind == "DRAFT" and sock is worker.to_stage1]
 
 
 def _prefilled(worker, slot, epoch, prompt=(1, 2, 3)):
     """A prompt through both stages, then its first token committed (RESEED at the prompt's end)."""
-    worker.handle(_prefill(slot, list(prompt), epoch))
+    worker.handle(prefill(slot, list(prompt), epoch))
     for stage in range(1, N + 1):
         worker.handle(_anchors(slot, epoch, stage, 0, len(prompt)))
-    worker.handle(_msg("RESEED", slot, epoch + 1, pos=len(prompt), base=len(prompt), token=7))
+    worker.handle(message("RESEED", slot, epoch + 1, pos=len(prompt), base=len(prompt), token=7))
 
 
 def test_anchors_of_an_epoch_not_opened_yet_wait_for_it_and_then_count(drafter):
     epoch = wire.next_epoch(0)
-    drafter.handle(_prefill(0, [1, 2, 3], epoch))
+    drafter.handle(prefill(0, [1, 2, 3], epoch))
     for stage in range(1, N + 1):
         drafter.handle(_anchors(0, epoch, stage, 0, 3))
     drafter.handle(_anchors(0, epoch + 1, 1, 3, 1))  # stage 1 ran the reseed token before the RESEED got here
     assert drafter.slots[0].future
-    drafter.handle(_msg("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
+    drafter.handle(message("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
     drafter.after_messages()
     drafter.after_messages()  # the next draft needs the reseed token at depth 1: the held anchors
     assert _drafts(drafter) == [(0, 4, SCRIPT[1], 1), (0, 5, SCRIPT[2], 1)]
@@ -74,7 +59,7 @@ def test_anchors_of_an_older_epoch_count_only_below_the_base_its_flush_kept(draf
     epoch = wire.next_epoch(0)
     _prefilled(drafter, 0, epoch)
     drafter.after_messages()  # drafts position 4
-    drafter.handle(_msg("RESEED", 0, epoch + 2, pos=4, base=4, token=9))  # position 4 was rejected
+    drafter.handle(message("RESEED", 0, epoch + 2, pos=4, base=4, token=9))  # position 4 was rejected
     drafter.handle(_anchors(0, epoch + 1, 1, 3, 2))  # late: positions 3 (kept) and 4 (void) from the old epoch
     state = drafter.slots[0].state
     assert state.depth[3] == 1 and state.depth[4] == 0  # 3 counted; 4 is the new token, still at depth 0

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import pytest
 
+from runtime_util import ipc_topology
 from spd import wire
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule
 from spd.runtime.driver import Driver, DriverConfig
 from spd.runtime.jobs import Job
-from spd.runtime.topology import Topology
 
 PROMPT = [5, 6, 7]
 
 
 @pytest.fixture
 def driver(tmp_path):
-    ends = [f"ipc://{tmp_path}/{name}" for name in ("s1", "s2", "drafter", "orch")]
-    d = Driver(Topology(tuple(ends[:2]), ends[2], ends[3]), DriverConfig(vocab_size=64, context=128, draft_wait_s=600.0))
+    d = Driver(ipc_topology(tmp_path), DriverConfig(vocab_size=64, context=128, draft_wait_s=600.0))
     for role, index in (("stage", 1), ("stage", 2), ("drafter", 0)):  # every worker has said HELLO
         d._register({"role": role, "index": index, "incarnation": f"{role}{index}", "pid": 1, "endpoint": ""})
     d.sent, d.inbox_feed = [], []

@@ -6,17 +6,14 @@ decode steps run between them; each chunk computes exactly what the in-process p
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import spd.core.target as target
 from conftest import pipeline
+from runtime_util import ipc_topology, message, prefill, record_sends
 from spd import wire
-from spd.core.sampling import SamplingParams
 from spd.runtime.stage_worker import StageWorker
-from spd.runtime.topology import Topology
 
 
 @pytest.fixture
@@ -25,33 +22,21 @@ def stage1(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(target, "PREFILL_CHUNK", 4)
     _, _, stages = pipeline(tiny_dir("llama", vocab_size=256, num_layers=4, hidden_size=64), 2)
     stages[0].rows = 2
-    ends = [f"ipc://{tmp_path}/{name}" for name in ("s1", "s2", "drafter", "orch")]
-    worker = StageWorker(Topology(tuple(ends[:2]), ends[2], ends[3]), 1, stages[0], gather=0)
-    worker.sent = []
-    worker.send = lambda sock, kind, header, tensors=None: worker.sent.append((kind, header, tensors))
+    worker = record_sends(StageWorker(ipc_topology(tmp_path), 1, stages[0], gather=0))
     yield worker
     worker.close()
-
-
-def _msg(kind, slot, epoch, pos=0, tensors=None, **header):
-    return wire.Message(kind, {"rid": f"r{slot}", "epoch": epoch, "pos": pos, "slot": slot, **header}, tensors or {})
-
-
-def _prefill(slot, ids, epoch):
-    return _msg("PREFILL", slot, epoch, base=0, params=dataclasses.asdict(SamplingParams()), prompt_len=len(ids),
-                s0=0, draft_limit=100, tensors={"ids": torch.tensor(ids)})
 
 
 def test_a_long_prompt_runs_chunk_by_chunk_between_the_decode_steps_of_another_request(stage1, tiny_dir):
     epoch = wire.next_epoch(0)
     long_prompt = list(range(10, 20))  # chunks [0, 4) [4, 8) [8, 10)
-    stage1.handle(_prefill(0, [1, 2, 3], epoch))
+    stage1.handle(prefill(0, [1, 2, 3], epoch))
     stage1.after_messages()  # slot 0 is decoding when the long prompt arrives
-    stage1.handle(_prefill(1, long_prompt, epoch))
-    stage1.handle(_msg("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
-    stage1.handle(_msg("DRAFT", 0, epoch + 1, pos=4, token=8))
+    stage1.handle(prefill(1, long_prompt, epoch))
+    stage1.handle(message("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
+    stage1.handle(message("DRAFT", 0, epoch + 1, pos=4, token=8))
     stage1.after_messages()
-    hidden = [(h["slot"], h["pos"], len(h["tokens"]), t["h"]) for kind, h, t in stage1.sent if kind == "HIDDEN"]
+    hidden = [(h["slot"], h["pos"], len(h["tokens"]), t["h"]) for _, kind, h, t in stage1.sent if kind == "HIDDEN"]
     # one round each: a chunk of slot 1, then a decode step of slot 0
     assert [(s, p, w) for s, p, w, _ in hidden] == [(0, 0, 3), (1, 0, 4), (0, 3, 1), (1, 4, 4), (0, 4, 1), (1, 8, 2)]
     assert stage1.stage.kv_length_of(1) == 10 and stage1.stage.kv_length_of(0) == 5
@@ -68,14 +53,14 @@ def test_gathering_holds_single_tokens_until_every_decoding_slot_has_one(stage1)
     stage1.gather.factor = 1000.0  # hold for as long as the test needs
     epoch = wire.next_epoch(0)
     for slot in (0, 1):
-        stage1.handle(_prefill(slot, [1, 2, 3], epoch))
+        stage1.handle(prefill(slot, [1, 2, 3], epoch))
     stage1.after_messages()  # the prompts run at once (chunks never wait)
     stage1.gather.observe(0.01)
-    stage1.handle(_msg("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
+    stage1.handle(message("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
     stage1.after_messages()
-    assert not [h for kind, h, _ in stage1.sent if kind == "HIDDEN" and h["pos"] == 3]
+    assert not [h for _, kind, h, _ in stage1.sent if kind == "HIDDEN" and h["pos"] == 3]
     assert stage1.wake_at is not None  # held, with a wake-up time
-    stage1.handle(_msg("RESEED", 1, epoch + 2, pos=3, base=3, token=9))
+    stage1.handle(message("RESEED", 1, epoch + 2, pos=3, base=3, token=9))
     stage1.after_messages()
-    ran = [h for kind, h, _ in stage1.sent if kind == "HIDDEN" and h["pos"] == 3]
+    ran = [h for _, kind, h, _ in stage1.sent if kind == "HIDDEN" and h["pos"] == 3]
     assert sorted(h["slot"] for h in ran) == [0, 1] and all(h["batch"] == [2] for h in ran)  # one batch of both
