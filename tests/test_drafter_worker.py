@@ -4,7 +4,6 @@ positions its flush kept; slots that are ready together draft as one batch."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from runtime_util import ipc_topology, message, prefill, record_sends
