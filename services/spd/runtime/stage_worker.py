@@ -121,13 +121,13 @@ class StageWorker(Worker):
             ready = [sid for sid, slot in self.slots.items() if self.stage.kv_length_of(sid) in slot.pending]
             if not ready:
                 break
-            inputs = {sid: self._take_input(sid) for sid in ready}  # sid -> (msg, pos, tokens, x)
+            inputs = {sid: self._next_input(sid) for sid in ready}  # sid -> (msg, pos, tokens, x)
             singles = [sid for sid in ready if len(inputs[sid][2]) == 1]
             chunks = [sid for sid in ready if sid not in singles]
             if not chunks and self.first and self._gathering(len(singles)):
-                for sid, (msg, pos, tokens, _) in inputs.items():  # back until the batch is whole
-                    self._untake(sid, msg, pos, len(tokens))
-                break
+                break  # they stay pending until the batch is whole
+            for sid, (msg, pos, tokens, _) in inputs.items():
+                self._consume(sid, msg, pos, len(tokens))
             for sid in chunks:
                 self._forward_chunk(sid, *inputs[sid])
             rows = max(self.stage.rows, 1)
@@ -138,20 +138,18 @@ class StageWorker(Worker):
                 slot.pending.clear()
                 self.dropped["overflow"] += 1
 
-    def _take_input(self, sid: int) -> tuple[wire.Message, int, list[int], torch.Tensor]:
-        """The slot's input at its KV length; the rest of a longer message waits for the next round."""
+    def _next_input(self, sid: int) -> tuple[wire.Message, int, list[int], torch.Tensor]:
+        """The slot's input at its KV length: (message, position, token ids, stage input)."""
         pos = self.stage.kv_length_of(sid)
-        msg = self.slots[sid].pending.pop(pos)
-        tokens, x = _input_at(msg, pos)
-        if pos + len(tokens) < _end(msg):
-            self.slots[sid].pending[pos + len(tokens)] = msg
-        return msg, pos, tokens, x
+        msg = self.slots[sid].pending[pos]
+        return (msg, pos, *_input_at(msg, pos))
 
-    def _untake(self, sid: int, msg: wire.Message, pos: int, width: int) -> None:
+    def _consume(self, sid: int, msg: wire.Message, pos: int, width: int) -> None:
+        """That input runs now; the rest of a longer message waits for the next round."""
         pending = self.slots[sid].pending
-        if pending.get(pos + width) is msg:
-            del pending[pos + width]
-        pending[pos] = msg
+        del pending[pos]
+        if pos + width < _end(msg):
+            pending[pos + width] = msg
 
     def _gathering(self, ready: int) -> bool:
         """Hold `ready` single tokens while other slots are decoding (wake up at `wake_at`)."""
