@@ -24,7 +24,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import safe_open
@@ -184,8 +184,11 @@ def _read_tensors(index: dict[str, Path], names: list[str]) -> dict[str, torch.T
     return out
 
 
-def _materialise(module: nn.Module, prefix: str, index: dict[str, Path], device, dtype,
-                 aliases: dict[str, str] | None = None) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def _materialise(module: M, prefix: str, index: dict[str, Path], device, dtype,
+                 aliases: dict[str, str] | None = None) -> M:
     """Allocate a meta-built module on `device` and fill it with exactly its own tensors."""
     module = module.to_empty(device=device)
     names = [k for k, _ in module.named_parameters()]
@@ -218,7 +221,7 @@ def load_stage(model_dir: Path, config: PretrainedConfig, layers: range, anchors
     return Stage(config, layers, anchors, modules, rows)
 
 
-def load_embedding(model_dir: Path, config: PretrainedConfig, device="cpu", dtype=torch.float32) -> nn.Module:
+def load_embedding(model_dir: Path, config: PretrainedConfig, device="cpu", dtype=torch.float32) -> nn.Embedding:
     """Only the token embedding (the drafter's own copy, for depth-0 features)."""
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)

@@ -7,59 +7,31 @@ the step-1 keys at positions <= t and the diagonal keys of steps 2..j of its own
 draft's KV cache at that point of inference). Loss at every step: KL(teacher || draft) of the token
 that step predicts, restricted to the draft vocabulary (as spd.train.trainer.sequence_loss), on
 assistant positions whose teacher argmax is in the draft vocabulary. Budget = loss positions seen
-at step 1, like the PDM trainer.
+at step 1, like the PDM trainer; both are students of the one loop, spd.train.loop.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from spd.eagle.model import EagleDraft, default_feature_layers, random_eagle
-from spd.train.teacher import TeacherCache
-from spd.train.trainer import (
-    _atomic_save,
-    _resolve_cache,
-    choose_vocab,
-    target_to_draft,
-    teacher_kl,
-)
+from spd.train.loop import LoopConfig, RunState, Setup, setup, train_student
+from spd.train.trainer import target_to_draft, teacher_kl
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class EagleTrainConfig:
-    model: str | None = None  # target model dir (None = default SmolLM2-135M-Instruct)
+class EagleTrainConfig(LoopConfig):
     feature_layers: list[int] | None = None  # low/mid/high target layers; None = default_feature_layers
     ttt: int = 4  # TTT unroll steps s
-    tokens: int = 0  # budget in step-1 loss positions; 0 = one pass over the cache
     lr: float = 1.5e-3  # peak learning rate
-    warmup: int = 20  # optimizer steps of linear warm-up (then linear decay to 0 at the budget)
-    weight_decay: float = 0.01  # AdamW weight decay
-    batch_tokens: int = 1024  # step-1 loss positions per optimizer step
     vocab: int = 16384  # V_s
-    data: str = "selfgen-train"  # teacher cache name (or path)
-    heldout: str = "selfgen-heldout"  # held-out teacher cache name (or path); "" = none
-    eval_seqs: int = 24  # held-out sequences per evaluation
-    eval_every_s: float = 600.0  # seconds between held-out evaluations
-    ckpt_every_s: float = 300.0  # seconds between checkpoints
     out: str = "runs/eagle3"  # run directory: ckpt.pt, history.jsonl, draft/
-    resume: bool = False  # continue from out/ckpt.pt
-    seed: int = 0  # init and data order
-    threads: int = 1  # torch threads
-    init_head: bool = True  # head rows from the target's LM head
-    epochs: int = 1  # passes over the cache
-    max_steps: int = 0  # stop after this many optimizer steps (tests); 0 = budget
-    max_seconds: float = 0.0  # stop (checkpointed, resumable) after this wall time; 0 = none
-    progress: bool = True  # tqdm bar
-    device: str = "cpu"  # torch device of the draft
-    notes: dict = field(default_factory=dict)  # extra provenance
 
 
 class _StepCache:
@@ -116,16 +88,16 @@ def sequence_ttt_loss(draft: EagleDraft, seq: dict, cols: list[int], t2d: torch.
     if len(rows) == 0:
         return None, 0, 0
     top_p = seq["top_p"].to(dev)
-    kl, hits = 0.0, 0
+    kls, hits = [], 0
     for j, h in enumerate(ttt_hidden(draft, states, tokens, steps), start=1):
         i = rows[rows >= j - 1]
         if len(i) == 0:
             continue
         logits = draft.logits(h[i])  # [R, V_s]
-        kl = kl + teacher_kl(logits, ids[i + 1], top_p[i + 1])
+        kls.append(teacher_kl(logits, ids[i + 1], top_p[i + 1]))
         if j == 1:
             hits = int((logits.argmax(-1) == ids[i + 1, 0]).sum())
-    return kl, len(rows), hits
+    return torch.stack(kls).sum(), len(rows), hits
 
 
 @torch.no_grad()
@@ -166,145 +138,42 @@ def make_draft(cfg: EagleTrainConfig, model_dir: Path, config, d2t: torch.Tensor
                         lm_head_weight=lm_head, embed_weight=embed, seed=cfg.seed)
 
 
-def _held_sequences(held: TeacherCache | None, n: int) -> list[dict]:
-    seqs = []
-    for sh in (held.shards() if held is not None else []):
-        seqs.extend(held.sequences(sh))
-        if len(seqs) >= n:
-            break
-    return seqs[:n]
+class EagleStudent:
+    """The EAGLE-3-style draft, trained with `ttt` unrolled steps per sequence."""
 
+    name = "draft"
 
-class _Run:
-    """Mutable training state that goes into the checkpoint."""
+    def __init__(self, cfg: EagleTrainConfig, draft: EagleDraft, s: Setup):
+        self.cfg, self.module, self.setup = cfg, draft, s
+        self.cols = [s.cache.layers.index(b) for b in draft.config.feature_layers]
+        self.t2d = target_to_draft(s.d2t, s.config.vocab_size)
 
-    def __init__(self):
-        self.step = self.seen = self.shard = self.seq = self.epoch = 0
-        self.history: list[dict] = []
-        self.elapsed = 0.0
+    def loss(self, seq: dict):
+        return sequence_ttt_loss(self.module, seq, self.cols, self.t2d, self.cfg.ttt)
+
+    def evaluate(self, seqs: list[dict]) -> dict:
+        r = evaluate(self.module, seqs, self.cols, self.t2d, self.cfg.ttt)
+        return {"heldout_p": r["p"], "heldout_loss": r["loss"]}  # per TTT step
+
+    def export(self, path: Path, run: RunState) -> None:
+        export(self.module, path, self.cfg, self.setup.vocab_info, run, self.setup.cache)
+
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
 
 
 def train(cfg: EagleTrainConfig) -> EagleDraft:
-    from tqdm import tqdm
-
-    from spd.models.loading import load_config, resolve_model
-
-    torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model_dir = resolve_model(cfg.model)
-    config = load_config(model_dir)
-    cache = _resolve_cache(model_dir, cfg.data)
-    held = _resolve_cache(model_dir, cfg.heldout) if cfg.heldout else None
-    ckpt_path, run = out / "ckpt.pt", _Run()
-    state = torch.load(ckpt_path, weights_only=False) if cfg.resume and ckpt_path.exists() else None
-    if state is not None:
-        d2t, vocab_info = state["d2t"], state["vocab_info"]
-        for k in ("feature_layers", "ttt", "vocab", "data"):
-            if state["cfg"][k] != getattr(cfg, k):
-                raise ValueError(f"--resume with a different {k}: checkpoint {state['cfg'][k]!r}, now {getattr(cfg, k)!r}")
-    else:
-        d2t, vocab_info = choose_vocab(cfg, model_dir, config, cache, held)
-        log.info("vocab: %s", vocab_info)
-    draft = make_draft(cfg, model_dir, config, d2t).to(cfg.device)
-    cols = [cache.layers.index(b) for b in draft.config.feature_layers]
-    t2d = target_to_draft(d2t, config.vocab_size)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    budget = cfg.tokens or int(cache.progress().get("loss_tokens", 0)) * cfg.epochs
-    if state is not None:
-        draft.load_state_dict(state["draft"])
-        opt.load_state_dict(state["opt"])
-        run.__dict__.update(state["run"])
-        log.info("resuming from %s at step %d (%d tokens)", ckpt_path, run.step, run.seen)
-    held_seqs = _held_sequences(held, cfg.eval_seqs)
-
-    def checkpoint():
-        _atomic_save({"draft": draft.state_dict(), "opt": opt.state_dict(), "run": dict(run.__dict__), "d2t": d2t,
-                      "vocab_info": vocab_info, "cfg": asdict(cfg)}, ckpt_path)
-        export(draft, out / "draft", cfg, vocab_info, run, cache)
-
-    def do_eval():
-        if not held_seqs:
-            return {}
-        t0 = time.perf_counter()
-        r = evaluate(draft, held_seqs, cols, t2d, cfg.ttt)
-        run.history.append({"step": run.step, "seen": run.seen, "heldout_p": r["p"], "heldout_loss": r["loss"],
-                            "elapsed_s": round(run.elapsed, 1), "eval_s": round(time.perf_counter() - t0, 1)})
-        with open(out / "history.jsonl", "a") as f:
-            f.write(json.dumps(run.history[-1]) + "\n")
-        log.info("step %d, %d tokens: held-out p per step %s", run.step, run.seen, [round(p, 4) for p in r["p"]])
-        return r
-
-    if not run.history:
-        do_eval()
-    bar = tqdm(total=budget, initial=run.seen, unit="tok", disable=not cfg.progress, dynamic_ncols=True, mininterval=5)
-    last_eval = last_ckpt = t_run = time.perf_counter()
-    acc = [0, 0.0, 0]  # rows, kl, hits since the last optimizer step
-    ema = None
-    opt.zero_grad(set_to_none=True)
-    draft.train()
-    done = False
-    while not done:
-        shards = cache.shards()
-        if run.shard >= len(shards):
-            if run.epoch + 1 < cfg.epochs and shards:
-                run.epoch, run.shard, run.seq = run.epoch + 1, 0, 0
-                continue
-            break
-        seqs = cache.sequences(shards[run.shard])
-        order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(
-            cfg.seed * 1000003 + run.shard + 7919 * run.epoch)).tolist()
-        while run.seq < len(order):
-            seq = seqs[order[run.seq]]
-            run.seq += 1
-            kl, rows, hits = sequence_ttt_loss(draft, seq, cols, t2d, cfg.ttt)
-            if kl is None:
-                continue
-            (kl / cfg.batch_tokens).backward()
-            acc = [acc[0] + rows, acc[1] + kl.item(), acc[2] + hits]
-            run.seen += rows
-            bar.update(rows)
-            if acc[0] < cfg.batch_tokens:
-                continue
-            frac = min(1.0, (run.step + 1) / max(cfg.warmup, 1)) * max(0.0, 1.0 - run.seen / max(budget, 1))
-            for g in opt.param_groups:
-                g["lr"] = cfg.lr * frac
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            run.step += 1
-            ema = (acc[1] / acc[0]) if ema is None else 0.9 * ema + 0.1 * acc[1] / acc[0]
-            bar.set_postfix({"loss": f"{ema:.3f}", "p1_train": f"{acc[2] / acc[0]:.3f}"}, refresh=False)
-            now = time.perf_counter()
-            run.elapsed, t_run = run.elapsed + now - t_run, now
-            if run.step % 5 == 0 or run.step == 1:
-                log.info("step %d: %d/%d tokens, %.1f tok/s, loss %.4f (ema %.4f), p1_train %.3f", run.step, run.seen,
-                         budget, run.seen / max(run.elapsed, 1e-9), acc[1] / acc[0], ema, acc[2] / acc[0])
-            acc = [0, 0.0, 0]
-            if now - last_eval >= cfg.eval_every_s:
-                do_eval()
-                last_eval = time.perf_counter()
-            if now - last_ckpt >= cfg.ckpt_every_s:
-                checkpoint()
-                last_ckpt = time.perf_counter()
-                log.info("checkpoint at step %d (%d tokens)", run.step, run.seen)
-            if run.seen >= budget or (cfg.max_steps and run.step >= cfg.max_steps) or \
-                    (cfg.max_seconds and run.elapsed >= cfg.max_seconds):
-                done = True
-                break
-        if not done:
-            run.shard, run.seq = run.shard + 1, 0
-    bar.close()
-    run.elapsed += time.perf_counter() - t_run
-    if not run.history or run.history[-1]["seen"] != run.seen:
-        do_eval()
-    checkpoint()
-    log.info("done: %d tokens in %.0f s", run.seen, run.elapsed)
-    return draft.eval()
+    """Train (or resume) the draft under `cfg`; returns it in eval mode (also exported to OUT/draft/)."""
+    s = setup(cfg, same=("feature_layers", "ttt", "vocab", "data"))
+    draft = make_draft(cfg, s.model_dir, s.config, s.d2t).to(cfg.device)
+    train_student(cfg, EagleStudent(cfg, draft, s), s)
+    return draft
 
 
-def export(draft: EagleDraft, path: Path, cfg: EagleTrainConfig, vocab_info: dict, run: _Run, cache: TeacherCache):
+def export(draft: EagleDraft, path: Path, cfg: EagleTrainConfig, vocab_info: dict, run: RunState, cache) -> None:
     """Write the inference draft (EagleDraft.save: fp16 safetensors + config.json with provenance)."""
     last = run.history[-1] if run.history else {}
     draft.config.ttt_steps, draft.config.trained_tokens = cfg.ttt, run.seen

@@ -67,3 +67,26 @@ def coverage(counts: torch.Tensor, draft_ids: torch.Tensor) -> float:
     """Fraction of the counted token mass inside the draft vocabulary."""
     total = counts.sum().item()
     return float(counts[draft_ids].sum().item() / total) if total else float("nan")
+
+
+def choose_vocab(size: int, model_dir, config, cache, held=None) -> tuple[torch.Tensor, dict]:
+    """The draft vocabulary for a training run, (d2t [V_s] draft id -> target id, coverage info): the
+    target's own generated text first, ShareGPT assistant text (weighted 1/4) for the tail; EOS always in."""
+    from spd.models.loading import load_tokenizer
+
+    V = config.vocab_size
+    own = cache_counts(cache, V)
+    try:
+        tok = load_tokenizer(model_dir)
+        share = sharegpt_counts(tok, V, model_dir.name)
+        eos: tuple[int, ...] = (tok.eos_token_id,) if tok.eos_token_id is not None else ()
+    except Exception as e:  # tiny id-only models: no tokenizer
+        log.info("vocab: no ShareGPT counts (%s)", e)
+        share, eos = torch.zeros(V, dtype=torch.long), ()
+    score = own.double() / max(own.sum().item(), 1) + 0.25 * share.double() / max(share.sum().item(), 1)
+    d2t = build_vocab(score, min(size, V), eos)
+    info = {"V_s": len(d2t), "coverage_train_selfgen": coverage(own, d2t),
+            "coverage_sharegpt": coverage(share, d2t) if share.sum() else None, "selfgen_tokens_counted": int(own.sum())}
+    if held is not None:
+        info["coverage_heldout_selfgen"] = coverage(cache_counts(held, V), d2t)
+    return d2t, info
