@@ -62,7 +62,8 @@ class EagleDrafter:
               first_position: int) -> tuple[list[int], list[torch.Tensor | None]]:
         """Advance over the newly verified positions, then draft k tokens for positions
         first_position.. (k draft forwards). Returns (drafts, q per draft; None when greedy)."""
-        drafts, qs = [], []
+        drafts: list[int] = []
+        qs: list[torch.Tensor | None] = []
         h, logits = self.advance(states, next_tokens)
         for j in range(k):
             if j:

@@ -60,7 +60,7 @@ class EagleConfig:
         self.feature_layers = list(self.feature_layers)
 
     def qwen3(self) -> Qwen3Config:
-        return Qwen3Config(
+        return Qwen3Config(  # type: ignore[call-arg]  # attn_implementation is a PretrainedConfig kwarg
             vocab_size=self.draft_vocab, hidden_size=self.target_hidden, intermediate_size=self.intermediate_size,
             num_hidden_layers=1, num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
             head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
@@ -69,6 +69,9 @@ class EagleConfig:
 
 
 class EagleDraft(nn.Module):
+    d2t: torch.Tensor  # buffers (see __init__)
+    embed_weight: torch.Tensor
+
     def __init__(self, config: EagleConfig, d2t: torch.Tensor, embed_weight: torch.Tensor | None = None):
         super().__init__()
         self.config = config

@@ -72,6 +72,7 @@ def ar_trace(stages: list[Stage], prompt: list[int], stop: StopRule, params: Sam
     generated: list[int] = []
     while True:
         pos = len(prompt) + len(generated)
+        assert out.logits is not None  # the last stage has the LM head
         token, probs = choose(out.logits[-1], params, pos)
         generated.append(token)
         if keep_dists and probs is not None:

@@ -14,6 +14,7 @@ import statistics
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -89,6 +90,8 @@ class Harness:
 
     def _load_pdm(self, m: Method) -> PDM:
         path = shipped_draft_for(self.model_dir) if m.draft == "shipped" else Path(m.draft)
+        if path is None:
+            raise ValueError(f"no shipped draft for {self.model_dir.name}")
         return PDM.load(path)
 
     def _load_eagle(self, m: Method):
@@ -105,7 +108,7 @@ class Harness:
         """MT-Bench second turns: [question 1, the target's own greedy answer, question 2]."""
         out = []
         for first, second in prompt_sets.mtbench_turns(self.cfg.prompts or None):
-            msgs = [{"role": "user", "content": first}]
+            msgs: list[dict] = [{"role": "user", "content": first}]
             answer = ar_generate(self.stages, encode_prompt(self.tokenizer, messages=msgs), SamplingParams(), self.stop)
             text = self.tokenizer.decode(answer.token_ids, skip_special_tokens=True)
             msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": second}]
@@ -115,7 +118,7 @@ class Harness:
     def run_set(self, name: str) -> dict:
         """{"prompts": P, "max_tokens": M, "results": {str(T): {"AR": tally, method label: tally}}} for one set."""
         prompts = self.prompts(name)
-        out = {"prompts": len(prompts), "max_tokens": self.cfg.max_tokens, "results": {}}
+        out: dict[str, Any] = {"prompts": len(prompts), "max_tokens": self.cfg.max_tokens, "results": {}}
         for T in self.cfg.temperatures:
             tallies = {"AR": Tally(), **{m.label: Tally() for m in self.methods}}
             for i, prompt in enumerate(tqdm(prompts, desc=f"{name} T={T}", disable=not self.cfg.progress)):
@@ -159,8 +162,8 @@ class Harness:
         generated, anchors, _ = ar_trace(self.stages, prompt, StopRule(64), SamplingParams())
         tokens = prompt + generated[:-1]
         ar_runs = [C.ar_token_ms(self.stages, prompt, 24)]
-        out = {"threads": self.cfg.threads, "context_tokens": len(tokens), "overhead_file": str(overhead),
-               "stage_ms": {}, "overhead_ms": {}, "draft_ms": {}}
+        out: dict[str, Any] = {"threads": self.cfg.threads, "context_tokens": len(tokens),
+                               "overhead_file": str(overhead), "stage_ms": {}, "overhead_ms": {}, "draft_ms": {}}
         for n in ns:  # AR timed between the stage timings: one load spike cannot set the reference
             out["stage_ms"][n] = C.stage_ms(self.model_dir, self.config, n, tokens, reps)
             out["overhead_ms"][n] = C.overhead_ms(n, overhead)

@@ -23,7 +23,7 @@ SET_NAMES = {"mtbench": "MT-Bench", "mtbench2": "MT-Bench turn 2", "gsm8k": "GSM
 
 
 def _sum(tallies: list[dict]) -> dict:
-    out = {}
+    out: dict[str, float] = {}
     for t in tallies:
         for k, v in t.items():
             out[k] = out.get(k, 0) + v
@@ -62,7 +62,7 @@ def metrics(m: Method | None, t: dict, ar: dict, costs: dict, prompts: int) -> d
 
 def compute(methods: list[Method], accept: dict, costs: dict) -> dict:
     """{T: {set | "overall": {label: metrics}}} from {set: accept file} and the costs."""
-    out = {}
+    out: dict[str, dict[str, dict]] = {}
     temps = sorted({T for f in accept.values() for T in f["results"]})
     for T in temps:
         out[T] = {}

@@ -60,6 +60,7 @@ def betas(drafter: DrafterState, prompt: list[int], generated: list[int], anchor
         for b in range(max(P, j - n), j):  # older bases give the same staircase as j - n
             drafter.cache.truncate(min(drafter.cache.length, b))  # recompute the staircase positions
             q = drafter.draft(params, drafter.staircase(b, s0)).q  # [V] processed draft distribution
+            assert q is not None  # set whenever params sample (T > 0)
             row[b] = overlap(dists[j - P], q)
         out.append(row)
         if j < T - 1:

@@ -17,8 +17,13 @@ import logging
 import random
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from spd.k8s.render import RenderConfig
+
+if TYPE_CHECKING:
+    from kubernetes.client import V1Pod
+    from spd_client import Params
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +169,8 @@ def status(api, cfg: RenderConfig) -> Status:
     pods = core.list_namespaced_pod(cfg.namespace, label_selector=selector).items
     st = Status(cfg.namespace)
     for pod in pods:
-        role = (pod.metadata.labels or {}).get("app.kubernetes.io/component", "?")
+        labels = pod.metadata.labels if pod.metadata else None
+        role = (labels or {}).get("app.kubernetes.io/component", "?")
         st.pods.append(_pod_status(pod, role, cfg.stage))
     order = {r: i for i, r in enumerate(ROLES)}
     st.pods.sort(key=lambda p: (order.get(p.role, 9), p.stage or 0, p.name))
@@ -181,6 +187,11 @@ def status(api, cfg: RenderConfig) -> Status:
 
 
 # ----------------------------------------------------------------------------------------------- chaos
+
+def _name(pod: V1Pod) -> str:
+    assert pod.metadata is not None and pod.metadata.name is not None  # the API server names every pod
+    return pod.metadata.name
+
 
 @dataclass
 class ChaosReport:
@@ -214,14 +225,15 @@ def chaos(api, cfg: RenderConfig, address: str, prompt: str, max_tokens: int = 2
 
     core = client.CoreV1Api(api)
     selector = ",".join(f"{k}={v}" for k, v in cfg.selector("stage").items())
-    pods = sorted(p.metadata.name for p in core.list_namespaced_pod(cfg.namespace, label_selector=selector).items)
+    pods = sorted(_name(p) for p in core.list_namespaced_pod(cfg.namespace, label_selector=selector).items)
     if not pods:
         raise SystemExit(f"no stage pods ({selector}) in namespace {cfg.namespace}")
     victim = random.Random(seed).choice(pods)
-    old_uid = core.read_namespaced_pod(victim, cfg.namespace).metadata.uid
+    old_meta = core.read_namespaced_pod(victim, cfg.namespace).metadata
+    old_uid = old_meta.uid if old_meta else None
     report = ChaosReport(victim, int(victim.rsplit("-", 1)[1]) + 1, after_tokens)
     make = client_factory or (lambda: SPDClient(address, timeout=timeout_s, token=token))
-    params = dict(max_tokens=max_tokens, temperature=0.0)
+    params: Params = {"max_tokens": max_tokens, "temperature": 0.0}
     with make() as spd:
         expected = spd.generate(prompt, **params).token_ids if baseline else None
         tokens: list[int] = []
@@ -248,7 +260,7 @@ def chaos(api, cfg: RenderConfig, address: str, prompt: str, max_tokens: int = 2
     return report
 
 
-def _wait_replaced(core, name: str, namespace: str, old_uid: str, timeout_s: float) -> tuple[bool, float | None]:
+def _wait_replaced(core, name: str, namespace: str, old_uid: str | None, timeout_s: float) -> tuple[bool, float | None]:
     from kubernetes.client.exceptions import ApiException
 
     t0 = time.monotonic()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
-
+from typing import Any
 
 from spd.runtime.health import LIVENESS
 from spd.core.schedule import check as check_schedule
@@ -87,10 +87,11 @@ class RenderConfig:
         """Fill the GPU/CPU-dependent defaults; check the values."""
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        workers = self.worker_resources or (CPU_WORKER if self.cpu else GPU_WORKER)
         c = replace(self, weights=self.weights or ("image" if self.cpu else "pvc"),
                     draft_dir=self.draft_dir or ("random" if self.cpu else "/models/draft"),
                     dtype=self.dtype or ("float32" if self.cpu else "bfloat16"),
-                    worker_resources=self.worker_resources or (CPU_WORKER if self.cpu else GPU_WORKER),
+                    worker_resources=workers,
                     orchestrator_resources=self.orchestrator_resources or (CPU_ORCHESTRATOR if self.cpu else GPU_ORCHESTRATOR))
         if c.weights not in ("pvc", "image"):
             raise ValueError(f"weights must be pvc or image, got {c.weights!r}")
@@ -99,7 +100,7 @@ class RenderConfig:
             raise ValueError(f"max_concurrency must be in 1..64, got {c.max_concurrency}")
         if not 0 <= c.spares <= 16:
             raise ValueError(f"spares must be in 0..16, got {c.spares}")
-        if c.cpu and c.worker_resources.gpus:
+        if c.cpu and workers.gpus:
             raise ValueError("a cpu render cannot ask for GPUs")
         return c
 
@@ -157,7 +158,7 @@ class RenderConfig:
 # ----------------------------------------------------------------------------------------------- objects
 
 def _meta(c: RenderConfig, name: str, component: str | None = None, namespaced: bool = True, **extra) -> dict:
-    meta = {"name": name}
+    meta: dict[str, Any] = {"name": name}
     if namespaced:
         meta["namespace"] = c.namespace
     meta["labels"] = c.labels(component)
@@ -270,6 +271,8 @@ def _template(c: RenderConfig, component: str, spec: dict, annotations: dict) ->
 def render(config: RenderConfig) -> list[dict]:
     """Every object of one pipeline, in apply order (base objects first)."""
     c = config.resolved()
+    workers, orchestrator = c.worker_resources, c.orchestrator_resources
+    assert workers is not None and orchestrator is not None  # resolved() fills both
     gpu = not c.cpu
     checksum = {"checksum/config": hashlib.sha256(json.dumps(config_data(c), sort_keys=True).encode()).hexdigest()}
     worker_ports = [("zmq", ZMQ_PORT), ("health", HEALTH_PORT)]
@@ -323,16 +326,14 @@ def render(config: RenderConfig) -> list[dict]:
 
     objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(c, c.config_map), "data": config_data(c)})
 
-    stage = _container(c, "stage", _worker_args(c, "stage"), worker_ports, _grpc_probes(HEALTH_PORT, 90),
-                       c.worker_resources)
+    stage = _container(c, "stage", _worker_args(c, "stage"), worker_ports, _grpc_probes(HEALTH_PORT, 90), workers)
     objs.append({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(c, c.stage, "stage"), "spec": {
         "serviceName": c.stage, "replicas": c.n, "podManagementPolicy": "Parallel",
         "updateStrategy": {"type": "RollingUpdate"}, "revisionHistoryLimit": 3,
         "selector": {"matchLabels": c.selector("stage")},
         "template": _template(c, "stage", _pod_spec(c, [stage], gpu), checksum)}})
 
-    drafter = _container(c, "drafter", _worker_args(c, "drafter"), worker_ports, _grpc_probes(HEALTH_PORT, 90),
-                         c.worker_resources)
+    drafter = _container(c, "drafter", _worker_args(c, "drafter"), worker_ports, _grpc_probes(HEALTH_PORT, 90), workers)
     objs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(c, c.drafter, "drafter"), "spec": {
         "replicas": 1, "strategy": {"type": "Recreate"}, "revisionHistoryLimit": 3,
         "selector": {"matchLabels": c.selector("drafter")},
@@ -342,7 +343,7 @@ def render(config: RenderConfig) -> list[dict]:
         # A spare advertises its pod IP; the orchestrator moves a dead worker's role to it. A stage
         # pod that Kubernetes restarts meanwhile finds its role held and waits as its standby.
         spare_args = ["spare", "--endpoint", f"tcp://$(POD_IP):{ZMQ_PORT}"] + _worker_args(c, "spare")[1:]
-        spare = _container(c, "spare", spare_args, worker_ports, _grpc_probes(HEALTH_PORT, 90), c.worker_resources)
+        spare = _container(c, "spare", spare_args, worker_ports, _grpc_probes(HEALTH_PORT, 90), workers)
         spare["env"] = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
         objs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(c, c.spare, "spare"), "spec": {
             "replicas": c.spares, "revisionHistoryLimit": 3, "selector": {"matchLabels": c.selector("spare")},
@@ -364,7 +365,7 @@ def render(config: RenderConfig) -> list[dict]:
                           "failureThreshold": 3},
     }
     orch = _container(c, "orchestrator", orch_args, [("grpc", GRPC_PORT), ("metrics", METRICS_PORT), ("zmq", ZMQ_PORT)],
-                      orch_probes, c.orchestrator_resources)
+                      orch_probes, orchestrator)
     # Optional bearer token for the API: a Secret <name>-auth with key SPD_TOKEN (health stays open).
     orch["envFrom"].append({"secretRef": {"name": c.auth_secret, "optional": True}})
     # The OpenAI-compatible API: `spd http` next to the orchestrator, forwarding to it over loopback

@@ -22,7 +22,11 @@ per copy plus the band diagonals, instead of one [C*T, C*T] masked product (C x 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
+from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
 from spd.core.pdm import PDM
 from spd.core.split import PipelineSplit
@@ -142,7 +146,7 @@ def aligned_hidden_fast(pdm: PDM, anchors: torch.Tensor, split: PipelineSplit, a
     h = pdm.fuse(anchors[pos], ne)[None]  # [1, R, w]
     cos, sin = pdm.rotary(h, pos[None])
     sources = _copy_sources(n, a, s0)
-    for layer in pdm.layers:
+    for layer in cast(Iterable[Qwen3DecoderLayer], pdm.layers):  # PDM builds Qwen3 decoder layers
         attn = layer.self_attn
         rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         x = layer.input_layernorm(h)

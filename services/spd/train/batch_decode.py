@@ -17,6 +17,7 @@ needs more room before c, it is re-laid out to the live window plus `slack` colu
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -171,7 +172,8 @@ class BatchDecoder:
 
     # -- driver ------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, jobs: list[tuple[int, list[int], float]], on_done, refill_every: int = 8, chunk: int = 32) -> None:
+    def run(self, jobs: Sequence[tuple[int, Sequence[int], float]], on_done, refill_every: int = 8,
+            chunk: int = 32) -> None:
         """Decode every (id, prompt, temperature); `on_done(id, response ids)` as each finishes
         (eos included when produced; at most max_new tokens)."""
         queue = list(jobs)[::-1]
@@ -185,7 +187,9 @@ class BatchDecoder:
                     batch = [queue.pop() for _ in slots]
                     self._prefill(slots, [list(p) for _, p, _ in batch], [t for _, _, t in batch])
                     for s, (jid, _, _) in zip(slots, batch):
-                        self.rows[s].job = jid
+                        row = self.rows[s]
+                        assert row is not None  # _prefill filled the slot
+                        row.job = jid
             nxt = self.next.tolist()  # one device sync per step
             for s, row in enumerate(self.rows):  # the token each slot is about to feed is its output
                 if row is None:

@@ -65,9 +65,9 @@ class Conversation:
 
 def load_sharegpt(path: Path | None = None, limit: int | None = None) -> list[Conversation]:
     """Clean conversations: known roles, non-empty turns, starting with a user turn."""
-    out = []
+    out: list[Conversation] = []
     for rec in read_records(path or sharegpt_path(), limit):
-        msgs = []
+        msgs: list[dict] = []
         for turn in rec.get("conversations", []):
             role = ROLES.get(str(turn.get("from", "")).lower())
             content = turn.get("value")

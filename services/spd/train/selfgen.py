@@ -140,12 +140,11 @@ class IdStore:
         if not self._buf:
             return
         lens = [len(r) for _, r in self._buf]
-        arrays = dict(resp=np.concatenate([np.asarray(r, self.dtype) for _, r in self._buf]),
-                      offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-                      job=np.asarray([j for j, _ in self._buf], np.int32))
         idx = len(self.parts())
         tmp = self.root / f".part_{idx:05d}.tmp.npz"
-        np.savez_compressed(tmp, **arrays)
+        np.savez_compressed(tmp, resp=np.concatenate([np.asarray(r, self.dtype) for _, r in self._buf]),
+                            offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                            job=np.asarray([j for j, _ in self._buf], np.int32))
         os.replace(tmp, self.root / f"part_{idx:05d}.npz")
         self._buf = []
 

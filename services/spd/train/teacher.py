@@ -27,6 +27,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -41,7 +42,7 @@ TOP_K = 32
 
 def cache_layers(num_layers: int, ns=(3, 4, 5, 6)) -> list[int]:
     """Union of the default anchors for the pipeline widths we may train for."""
-    layers = set()
+    layers: set[int] = set()
     for n in ns:
         if n <= num_layers:
             layers.update(default_anchors(uniform_split(num_layers, n)))
@@ -57,8 +58,8 @@ class ShardWriter:
         self.root, self.layers, self.meta, self.shard_tokens = Path(root), layers, meta, shard_tokens
         self.root.mkdir(parents=True, exist_ok=True)
         prog = self.root / "progress.json"
-        self.progress = json.loads(prog.read_text()) if prog.exists() else {"consumed": 0, "shards": 0, "tokens": 0,
-                                                                             "loss_tokens": 0, "seconds": 0.0}
+        fresh = {"consumed": 0, "shards": 0, "tokens": 0, "loss_tokens": 0, "seconds": 0.0}
+        self.progress: dict[str, Any] = json.loads(prog.read_text()) if prog.exists() else fresh
         (self.root / "meta.json").write_text(json.dumps({**meta, "layers": layers, "top_k": TOP_K}, indent=2))
         self._buf: list[dict] = []
         self._buf_tokens = 0
@@ -109,7 +110,9 @@ class _Capture:
     """Forward hooks that record H[b] (embedding output, decoder layer outputs) and LM-head top-k."""
 
     def __init__(self, model, layers: list[int]):
-        self.layers, self.states, self.tops = layers, [], []
+        self.layers = layers
+        self.states: list[torch.Tensor] = []  # [B, T, m, d] per forward
+        self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, probs) [B, k] per forward
         self.handles = []
         inner = model.model
         self.handles.append(inner.embed_tokens.register_forward_hook(self._hook(0)) if 0 in layers else None)
@@ -167,7 +170,8 @@ def generate_teacher(model_dir: Path, prompts: list[list[int]], out: Path, batch
         ids = torch.tensor([[pad] * (P - len(p)) + p for p in chunk])
         attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in chunk])
         cap.states, cap.tops = [], []
-        kw = dict(do_sample=temperature > 0, max_new_tokens=max_new, pad_token_id=pad, eos_token_id=eos_id)
+        kw: dict[str, Any] = dict(do_sample=temperature > 0, max_new_tokens=max_new, pad_token_id=pad,
+                                  eos_token_id=eos_id)
         if temperature > 0:
             kw.update(temperature=temperature, top_k=0, top_p=1.0)
             torch.manual_seed(i)
@@ -210,7 +214,9 @@ def forward_teacher(model_dir: Path, seqs: list[tuple[list[int], list[bool]]], o
     writer = ShardWriter(out, layers, {"source": "text", "dtype": str(dtype), **(meta or {})})
     cap = _Capture(model, layers)
     head = model.lm_head
-    cap.handles[-1].remove()  # full-sequence logits instead: compute top-k at loss positions only
+    head_hook = cap.handles[-1]  # full-sequence logits instead: compute top-k at loss positions only
+    assert head_hook is not None  # the LM-head hook, added last
+    head_hook.remove()
     cap.handles[-1] = None
     i = writer.consumed
     while i < len(seqs):
