@@ -38,7 +38,7 @@ def test_every_option_of_every_command_has_a_help_line_that_gives_its_default():
             where = f"{name} {a.option_strings[-1]}"
             if not a.help:
                 missing.append(where)
-            elif a.default not in (None, False, [], "") and "default" not in formatter._get_help_string(a).lower():
+            elif a.default not in (None, False, [], "", argparse.SUPPRESS) and "default" not in formatter._get_help_string(a).lower():
                 undefaulted.append(where)
     assert not missing, f"options without help: {missing}"
     assert not undefaulted, f"help lines without their default: {undefaulted}"

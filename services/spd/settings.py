@@ -15,6 +15,7 @@ PROGRESS_TIMEOUT_S = 20.0  # a request that commits nothing this long (plus its 
 PREFILL_ALLOWANCE_S = 0.05  # ... allowance per prompt token (a prefill on a slow CPU)
 MAX_RECOVERIES = 3  # per request; one more fault fails it UNAVAILABLE
 HEARTBEAT_S = 0.5  # workers' heartbeat period
+GATHER = 2.0  # stage 1 and the drafter wait at most this many recent compute times for the rest of a batch
 HEARTBEAT_TIMEOUT_S = 2.0  # a worker silent this long is down (a dropped connection is noticed at once)
 
 # Environment variables (each is also a flag where one exists)

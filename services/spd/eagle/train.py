@@ -13,25 +13,16 @@ at step 1, like the PDM trainer; both are students of the one loop, spd.train.lo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from spd.eagle.model import EagleDraft, default_feature_layers, random_eagle
-from spd.train.loop import LoopConfig, RunState, Setup, setup, train_student
+from spd.config import EagleTrainConfig
+from spd.train.loop import RunState, Setup, setup, train_student
 from spd.train.trainer import target_to_draft, teacher_kl
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EagleTrainConfig(LoopConfig):
-    feature_layers: list[int] | None = None  # low/mid/high target layers; None = default_feature_layers
-    ttt: int = 4  # TTT unroll steps s
-    lr: float = 1.5e-3  # peak learning rate
-    vocab: int = 16384  # V_s
-    out: str = "runs/eagle3"  # run directory: ckpt.pt, history.jsonl, draft/
 
 
 class _StepCache:

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -35,38 +35,11 @@ from spd.runtime import curve, lifeline
 from spd.runtime.health import LIVENESS, check
 from spd.runtime.topology import free_ports, local_topology
 from spd import settings
-from spd.runtime.gather import GATHER
+from spd.config import ClusterConfig
 
 log = logging.getLogger(__name__)
 START_WINDOW_S = 20.0  # an error exit this soon after a spawn is a start failure
 HEALTH_EVERY_S = 1.0  # how often a running process's health is checked
-
-
-@dataclass
-class ClusterConfig:
-    n: int = 5  # pipeline stages
-    port: int = settings.GRPC_PORT  # orchestrator gRPC port (0 = pick a free one)
-    model: str | None = None  # model directory; None = embedded default
-    draft: str | None = None  # PDM directory; None = shipped for this model, 'random' = untrained
-    split: str = "uniform"  # stage split spec
-    devices: list[str] = field(default_factory=list)  # one per stage then the drafter; empty = all cpu
-    schedule: str = "pre"  # pre | post
-    state_file: Path | None = None  # where to write role -> pid/address
-    metrics_port: int = 0  # orchestrator Prometheus port; 0 = off
-    log_dir: Path | None = None  # per-process logs (default: inherit stderr)
-    extra_drafter_args: list[str] = field(default_factory=list)  # e.g. ["--script", "..."] (tests)
-    extra_stage_args: list[str] = field(default_factory=list)  # e.g. ["--zero-compute"] (benchmarks)
-    queue_size: int = settings.QUEUE_SIZE  # orchestrator: requests waiting for a slot
-    extra_orchestrator_args: list[str] = field(default_factory=list)  # e.g. ["--token", "..."]
-    worker_wait_s: float = settings.WORKER_WAIT_S  # orchestrator: how long a request waits for a missing stage
-    ready_timeout_s: float = 300.0  # give up if not healthy by then
-    max_start_failures: int = 5  # a worker failing at start this many times in a row stops the launcher
-    hung_after_s: float = 4.0  # a process that was healthy and then fails health checks this long is killed
-    curve: bool = True  # encrypt/authenticate ZeroMQ with a per-launch key (SPD_CURVE_SECRET if set)
-    spares: int = 0  # warm spare workers kept ready to take over a dead stage's or the drafter's role
-    max_concurrency: int = 1  # requests decoding at once (slots in every worker, the stages' batch shape)
-    gather: float = GATHER  # stage 1 and the drafter wait at most this many compute times for a whole batch
-    http_port: int = 0  # OpenAI-compatible HTTP API (`spd http`) on this port; 0 = none
 
 
 @dataclass

@@ -6,11 +6,11 @@ import logging
 import signal
 import threading
 from concurrent import futures
-from dataclasses import dataclass
 
 import grpc
 
 from spd.api.validation import Limits
+from spd.config import OrchestratorConfig
 from spd.core.stopping import eos_ids_of
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.runtime.driver import Driver, DriverConfig
@@ -19,42 +19,22 @@ from spd.runtime.health import LIVENESS, NOT_SERVING, SERVING, add_health
 from spd.runtime.lifeline import supervisor_gone
 from spd.runtime.security import TokenInterceptor, server_credentials
 from spd.runtime.servicer import SPDServicer
-from spd.runtime.topology import Topology
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from spd_client.v1 import spd_pb2, spd_pb2_grpc
-from spd import settings
 
 log = logging.getLogger(__name__)
 
 SERVICE = spd_pb2.DESCRIPTOR.services_by_name["SPD"].full_name  # "spd.v1.SPD"
 
 
-@dataclass
-class OrchestratorConfig:
-    topology: Topology  # where the workers listen
-    model: str | None = None  # model directory or None for the default (tokenizer, config)
-    port: int = settings.GRPC_PORT  # gRPC API port
-    host: str = "127.0.0.1"  # gRPC bind address ("0.0.0.0" in pods)
-    metrics_port: int = 0  # Prometheus endpoint; 0 = off
-    schedule: str = "pre"  # staircase schedule: pre | post
-    queue_size: int = settings.QUEUE_SIZE  # requests waiting for a slot
-    max_concurrency: int = 1  # requests decoding at once (the stages' --max-concurrency must match)
-    max_tokens: int = 4096  # largest max_tokens a request may ask for
-    worker_wait_s: float = settings.WORKER_WAIT_S  # a request fails UNAVAILABLE if a stage stays missing this long
-    tls_cert: str | None = None  # PEM certificate: serve gRPC over TLS (with tls_key)
-    tls_key: str | None = None  # PEM private key
-    token: str | None = None  # require "authorization: Bearer <token>" on SPD calls
-    draft: str = "shipped"  # what the drafter runs, as GetInfo reports it (a PDM directory, shipped, random)
-
-
 def serve(cfg: OrchestratorConfig) -> None:
     model_dir = resolve_model(cfg.model)
     config, tokenizer = load_config(model_dir), load_tokenizer(model_dir)
-    driver = Driver(cfg.topology, DriverConfig(config.vocab_size, config.max_position_embeddings, cfg.schedule,
-                                               cfg.queue_size, worker_wait_s=cfg.worker_wait_s,
-                                               max_concurrency=cfg.max_concurrency))
+    driver = Driver(cfg.topology, DriverConfig(vocab_size=config.vocab_size, context=config.max_position_embeddings,
+                                               schedule=cfg.schedule, queue_size=cfg.queue_size,
+                                               worker_wait_s=cfg.worker_wait_s, max_concurrency=cfg.max_concurrency))
     driver_thread = driver.start()
     interceptors = [TokenInterceptor(cfg.token)] if cfg.token else []
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + cfg.max_concurrency + 8), interceptors=interceptors,

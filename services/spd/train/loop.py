@@ -26,38 +26,9 @@ from typing import Any, Protocol
 
 import torch
 
+from spd.config import LoopConfig
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LoopConfig:
-    """What every student's training run shares (a student's config extends it)."""
-
-    model: str | None = None  # target model dir (None = default SmolLM2-135M-Instruct)
-    tokens: int = 0  # budget in loss positions (assistant tokens); 0 = `epochs` passes over the cache as it is now
-    lr: float = 1e-4  # peak learning rate
-    warmup: int = 20  # optimizer steps of linear warm-up (then linear decay to 0 at the budget)
-    weight_decay: float = 0.01  # AdamW weight decay
-    batch_tokens: int = 1024  # loss positions per optimizer step (sequences accumulated)
-    vocab: int = 12288  # draft vocabulary size V_s
-    data: str = "selfgen-train"  # teacher cache name under $SPD_CACHE/teacher/<model>/, or a path
-    heldout: str = "selfgen-heldout"  # held-out cache name or path; "" = none
-    eval_seqs: int = 24  # held-out sequences per evaluation
-    eval_every_s: float = 600.0  # seconds between held-out evaluations
-    ckpt_every_s: float = 300.0  # seconds between checkpoints
-    out: str = "runs/pdm"  # run directory: ckpt.pt, history.jsonl, the exported student
-    resume: bool = False  # continue from out/ckpt.pt
-    seed: int = 0  # initialisation and data order
-    threads: int = 1  # torch CPU threads
-    wait: bool = False  # wait for more shards (cache still being generated) until the budget is met
-    init_head: bool = True  # head rows from the target's LM head
-    epochs: int = 1  # passes over the cache (tests overfit with more)
-    max_steps: int = 0  # stop after this many optimizer steps (tests); 0 = budget
-    max_seconds: float = 0.0  # stop (checkpointed, resumable) after this wall time; 0 = none
-    progress: bool = True  # tqdm bar
-    device: str = "cpu"  # torch device of the student (cuda for the GPU recipe)
-    amp: str = "bfloat16"  # autocast dtype of the forward (bfloat16: AMX on this CPU, tensor cores on GPUs) | float32
-    notes: dict = field(default_factory=dict)  # extra provenance written into the export
 
 
 @dataclass

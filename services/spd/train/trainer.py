@@ -2,7 +2,7 @@
 forward, KL to the teacher restricted to the draft vocabulary, held-out top-1 agreement.
 
 Public API (reused by `spd train`, the benchmarks and the eval harness):
-  TrainConfig, train(cfg) -> PDM
+  train(cfg: spd.config.TrainConfig) -> PDM
   sequence_loss(pdm, seq, split, a, s0, t2d, cols) -> (kl_sum, rows, hits)
   evaluate(pdm, seqs, split, s0, t2d, cols, fill=None) -> {"loss", "p", "p_in_vocab", "tokens"}
   sample_fill(n, rng, p_full)
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,19 +21,10 @@ from spd.core.pdm import PDM, random_pdm
 from spd.core.schedule import staircase_offset
 from spd.core.split import PipelineSplit, default_anchors, uniform_split
 from spd.train.aligned import aligned_logits
-from spd.train.loop import LoopConfig, RunState, Setup, setup, train_student
+from spd.config import TrainConfig
+from spd.train.loop import RunState, Setup, setup, train_student
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainConfig(LoopConfig):
-    n: int = 5  # pipeline width the PDM is trained for
-    ls: int = 1  # PDM decoder layers
-    anchors: list[int] | None = None  # anchor layers B; None = default_anchors (PPSD: [0, e1])
-    schedule: str = "pre"  # pre (s0 = 0) | post (s0 = 1)
-    p_full: float = 0.5  # P(a = n) of the simulated fill level; else uniform 1..n-1
-    fill: str = "design"  # design (the above) | judged:P (fill levels of the drafts the engine judges at acceptance P)
 
 
 def sample_fill(n: int, rng: random.Random, p_full: float = 0.5, fill: str = "design") -> int:
