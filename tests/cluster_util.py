@@ -16,12 +16,13 @@ def running_cluster(log_dir: Path, ready_s: float = 240.0, **kw):
     cluster = Cluster(cfg)
     cluster.start()
     try:
-        deadline = time.monotonic() + ready_s
-        while not cluster.healthy():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cluster not healthy in {ready_s} s; logs in {log_dir}")
-            cluster.supervise_once()
-            time.sleep(0.3)
+        def healthy_or_supervised() -> bool:
+            if cluster.healthy():
+                return True
+            cluster.supervise_once()  # restart a worker that died while starting (or raise CrashLoop)
+            return False
+
+        wait_for(healthy_or_supervised, ready_s, f"the cluster is healthy (logs in {log_dir})", period_s=0.3)
         yield cluster
     finally:
         cluster.shutdown()
@@ -71,7 +72,8 @@ def data_plane_push(ctx, cluster: Cluster, endpoint: str):
 
 
 def wait_for(condition, timeout_s: float, what: str, period_s: float = 0.1):
-    """Poll `condition()` until it returns something truthy (returned) or the deadline passes."""
+    """Poll `condition()` until it returns something truthy (returned) or the deadline passes.
+    The one wait-until-condition helper of the tests: wait on what should happen, never a fixed sleep."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
@@ -84,3 +86,11 @@ def wait_for(condition, timeout_s: float, what: str, period_s: float = 0.1):
 
 def pid_of(cluster: Cluster, role: str) -> int:
     return next(p.popen.pid for p in cluster.procs if p.role == role)
+
+
+def metric(cluster: Cluster, name: str) -> float:
+    """The orchestrator's Prometheus value `name` (summed over labels); needs metrics_port set."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{cluster.cfg.metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[1]) for line in text.splitlines() if line.split(" ")[0] == name)

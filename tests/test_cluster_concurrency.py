@@ -68,11 +68,13 @@ def _stream(cluster, prompt: str, max_tokens: int, on_token=None) -> tuple[list[
 
 
 def test_concurrent_requests_joining_at_different_times_each_equal_their_solo_output(cluster, solo):
+    decoding = [threading.Event(), threading.Event()]  # set at the first two requests' 2nd streamed token
     with ThreadPoolExecutor(len(WORK)) as pool:
-        futures = []
-        for i, (prompt, max_tokens) in enumerate(WORK):
-            futures.append(pool.submit(_stream, cluster, prompt, max_tokens))
-            time.sleep(0.3 * (i % 2))  # some join a pipeline that is already decoding
+        futures = [pool.submit(_stream, cluster, prompt, max_tokens, lambda k, e=e: k >= 2 and e.set())
+                   for (prompt, max_tokens), e in zip(WORK[:2], decoding)]
+        assert all(e.wait(120) for e in decoding), "the first two requests did not stream 2 tokens within 120 s"
+        # the other two join a pipeline that is already decoding
+        futures += [pool.submit(_stream, cluster, prompt, max_tokens) for prompt, max_tokens in WORK[2:]]
         results = [f.result() for f in futures]
     assert [tokens for tokens, _, _ in results] == solo
     assert max(max(stats["batch"]) for _, stats, _ in results) > 1  # tokens of several requests shared forwards

@@ -6,13 +6,14 @@ import pytest
 
 import os
 import signal
-import time
+from concurrent.futures import ThreadPoolExecutor
 
-from cluster_util import address, pid_of, rss_mb, running_cluster, supervised
+from cluster_util import address, metric, pid_of, rss_mb, running_cluster, supervised, wait_for
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.target import ar_generate
 from spd.local import PipelineConfig, build_local
+from spd.runtime.topology import free_ports
 from spd.text import encode_prompt
 from spd_client import SPDClient
 
@@ -47,7 +48,7 @@ def test_kill_a_stage_during_prefill_on_smollm2_recovers_with_identical_output(d
     ar = build_local(PipelineConfig(n=1), with_drafter=False)
     ids = encode_prompt(ar.tokenizer, prompt)
     expected = ar_generate(ar.stages, ids, SamplingParams(), StopRule(12, eos_ids_of(ar.tokenizer, ar.config))).token_ids
-    with running_cluster(tmp_path, n=5) as cluster, supervised(cluster):
+    with running_cluster(tmp_path, n=5, metrics_port=free_ports(1)[0]) as cluster, supervised(cluster):
         with SPDClient(address(cluster), timeout=600) as client:
             stream = client.stream(prompt, max_tokens=12)
             first = next(stream)  # sent the request; blocks until the first token...
@@ -56,33 +57,28 @@ def test_kill_a_stage_during_prefill_on_smollm2_recovers_with_identical_output(d
                 tokens += chunk.token_ids
                 stats = chunk.stats or stats
         assert tokens == expected and stats["recoveries"] == 0  # fault-free reference run over processes
-        with SPDClient(address(cluster), timeout=600) as client:
-            stream = client.stream(prompt, max_tokens=12)
-            killer = _kill_soon(pid_of(cluster, "stage-3"), delay_s=0.15)  # ~600 prompt tokens: mid-prefill
+        admitted = metric(cluster, "spd_prompt_tokens_total")  # the prompt tokens of the requests so far
+        with SPDClient(address(cluster), timeout=600) as client, ThreadPoolExecutor(1) as pool:
+            # kill stage 3 once the orchestrator has admitted the request (its PREFILL is out) ...
+            killed = pool.submit(_kill_once_admitted, cluster, pid_of(cluster, "stage-3"), admitted)
             tokens, stats = [], {}
-            for chunk in stream:
+            for chunk in client.stream(prompt, max_tokens=12):
+                # ... and before its first token: the ~900 prompt tokens take several prefill forwards
+                assert tokens or killed.done(), "the first token came before the kill: it missed the prefill"
                 tokens += chunk.token_ids
                 stats = chunk.stats or stats
-            killer.join()
+            killed.result()
     assert tokens == expected and stats["recoveries"] >= 1
 
 
-def _kill_soon(pid: int, delay_s: float):
-    import threading
-
-    def kill():
-        time.sleep(delay_s)
-        os.kill(pid, signal.SIGKILL)
-
-    t = threading.Thread(target=kill)
-    t.start()
-    return t
+def _kill_once_admitted(cluster, pid: int, admitted_before: float) -> None:
+    wait_for(lambda: metric(cluster, "spd_prompt_tokens_total") > admitted_before, 120,
+             "the orchestrator admits the request (counts its prompt tokens)", period_s=0.02)
+    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
 def test_four_concurrent_requests_on_smollm2_each_equal_their_ar_output(default_model_dir, tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
-
     S = 4
     work = [(PROMPTS[0], 24), (PROMPTS[1], 40), ("Name three colours.", 16), ("Write one sentence about rain.", 32)]
     ar = build_local(PipelineConfig(n=1), with_drafter=False)

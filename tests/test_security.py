@@ -5,13 +5,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster_util import address, running_cluster
+from cluster_util import address, running_cluster, wait_for
 from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
 from spd.runtime.topology import free_ports, local_topology
@@ -44,15 +43,17 @@ def test_with_tls_the_api_port_speaks_tls_only(tmp_path):
     try:
         creds = grpc.ssl_channel_credentials(cert.read_bytes())
         request = health_pb2.HealthCheckRequest(service="")
-        deadline = time.monotonic() + 120
-        while True:  # the orchestrator answers NOT_SERVING (no workers) once it is up
+
+        def answer_over_tls():
+            assert proc.poll() is None, "the orchestrator exited"
             with grpc.secure_channel(f"localhost:{port}", creds) as ch:
                 try:
-                    reply = health_pb2_grpc.HealthStub(ch).Check(request, timeout=2)
-                    break
+                    return health_pb2_grpc.HealthStub(ch).Check(request, timeout=2)
                 except grpc.RpcError:
-                    assert time.monotonic() < deadline, "orchestrator never answered over TLS"
-                    time.sleep(0.5)
+                    return None  # not listening yet
+
+        # it answers NOT_SERVING (no workers) once it is up
+        reply = wait_for(answer_over_tls, 120, "the orchestrator answers a health check over TLS", period_s=0.5)
         assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
         with grpc.insecure_channel(f"localhost:{port}") as ch:
             with pytest.raises(grpc.RpcError):
@@ -73,12 +74,27 @@ def test_with_a_curve_key_the_pipeline_works_and_plaintext_frames_never_reach_a_
         try:
             plain = ctx.socket(zmq.PUSH)
             plain.setsockopt(zmq.LINGER, 0)
+            events = plain.get_monitor_socket()
             plain.connect(cluster.topology.stages[0])
             plain.send_multipart([b"HIDDEN", b"\xc1garbage"])  # no CURVE handshake: never delivered
-            time.sleep(1.0)
+            wait_for(lambda: _handshake_refused(events), 60, "stage 1's inbox refuses the plaintext peer's handshake",
+                     period_s=0)
         finally:
             ctx.destroy(linger=0)
         with SPDClient(address(cluster), timeout=60) as client:
             assert len(client.generate("hi", max_tokens=4).token_ids) == 4
     log = (tmp_path / "logs" / "stage-1.log").read_text()
     assert "[drop] malformed" not in log
+
+
+def _handshake_refused(events) -> bool:
+    """The next event of a socket monitor (within 0.1 s): is it the peer refusing the handshake?"""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    if not events.poll(100):
+        return False
+    event = recv_monitor_message(events)["event"]
+    assert event != zmq.EVENT_HANDSHAKE_SUCCEEDED, "a peer without the key completed a handshake with a CURVE inbox"
+    return event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                     zmq.EVENT_HANDSHAKE_FAILED_AUTH)
