@@ -29,7 +29,6 @@ from spd import settings
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = settings.HEARTBEAT_S
 POLL_MS = 100  # inbox poll: bounds how late a stop flag is noticed
 MAX_PENDING = 4096  # buffered future-epoch / out-of-order messages
 MAX_DRAIN = 256  # messages handled before computing what is ready
@@ -111,7 +110,7 @@ class Worker:
             if handled or (self.wake_at is not None and time.monotonic() >= self.wake_at):
                 self.wake_at = None
                 self._guarded(lambda _: self.after_messages(), None)
-        self._beats.join(timeout=2 * HEARTBEAT_S)
+        self._beats.join(timeout=2 * settings.HEARTBEAT_S)
 
     def _poll_ms(self) -> int:
         if self.wake_at is None:
@@ -177,13 +176,13 @@ class Worker:
                                        "endpoint": self.endpoint,
                                        "dropped": dict(self.dropped)}, timeout_ms=0)
                 kind = "HEARTBEAT"
-                time.sleep(HEARTBEAT_S)
+                time.sleep(settings.HEARTBEAT_S)
         finally:
             sock.close(linger=0)
 
     def close(self) -> None:
         self.stop = True
         if self._beats.is_alive():
-            self._beats.join(timeout=2 * HEARTBEAT_S)
+            self._beats.join(timeout=2 * settings.HEARTBEAT_S)
         self.ctx.destroy(linger=0)
         log.info("[stop] %s %d", self.role, self.index)
