@@ -9,7 +9,8 @@ transformers' get_linear_schedule_with_warmup) ends where the token budget does.
 
 A checkpoint (OUT/ckpt.pt) holds the student's weights under its `name`, the optimizer state, the
 run counters (RunState) at the top level, the student's own extra state, and the config; resuming
-continues at the same shard and sequence of the same order.
+continues at the same shard and sequence of the same order. Under torchrun each rank reads its own
+shards and the ranks step together (spd.train.ranks); rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from spd.config import LoopConfig
+from spd.train.ranks import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ class RunState:
 
     step: int = 0  # optimizer steps taken
     seen: int = 0  # loss positions trained on
-    shard: int = 0  # current shard of the cache
+    shard: int = 0  # current shard among this rank's shards of the cache
     seq: int = 0  # next index into that shard's shuffled order
     epoch: int = 0  # pass over the cache
     elapsed: float = 0.0  # training wall time so far (s), evaluations included
@@ -167,6 +169,7 @@ class _Loop:
 
         self.cfg, self.student, self.cache, self.held_seqs, self.saved = cfg, student, cache, held_seqs, saved
         self.out = Path(cfg.out)
+        self.ranks = Ranks(cfg.device)
         self.params = [p for p in student.module.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.budget = cfg.tokens or int(cache.progress().get("loss_tokens", 0)) * cfg.epochs
@@ -175,7 +178,12 @@ class _Loop:
             student.module.load_state_dict(state[student.name])
             self.opt.load_state_dict(state["opt"])
             self.run = RunState(**{f.name: state[f.name] for f in fields(RunState) if f.name in state})
-            student.load_extra_state(state)
+            own = state.get("ranks", [{}])
+            if len(own) != self.ranks.world:
+                raise ValueError(f"--resume with {self.ranks.world} ranks: the checkpoint was written by {len(own)}")
+            self.run.shard, self.run.seq, self.run.epoch = (own[self.ranks.rank].get(k, getattr(self.run, k))
+                                                            for k in ("shard", "seq", "epoch"))
+            student.load_extra_state({**state, **own[self.ranks.rank]})
             log.info("resuming from %s at step %d (%d tokens)", self.out / "ckpt.pt", self.run.step, self.run.seen)
         for g in self.opt.param_groups:
             g["initial_lr"] = cfg.lr
@@ -184,14 +192,19 @@ class _Loop:
         self.sched = get_linear_schedule_with_warmup(self.opt, cfg.warmup, total, last_epoch=self.run.step - 1)
 
     def checkpoint(self) -> None:
+        """On every rank (it gathers each rank's data position); rank 0 writes."""
+        run = self.run
+        own = self.ranks.gather({"shard": run.shard, "seq": run.seq, "epoch": run.epoch, **self.student.extra_state()})
+        if not self.ranks.main:
+            return
         _atomic_save({self.student.name: self.student.module.state_dict(), "opt": self.opt.state_dict(),
-                      **asdict(self.run), **self.student.extra_state(), **self.saved, "budget": self.budget,
+                      **asdict(self.run), **own[0], "ranks": own, **self.saved, "budget": self.budget,
                       "cfg": asdict(self.cfg)}, self.out / "ckpt.pt")
         self.student.export(self.out / self.student.name, self.run)
         log.info("checkpoint at step %d (%d tokens)", self.run.step, self.run.seen)
 
     def evaluate(self) -> None:
-        if not self.held_seqs:
+        if not self.held_seqs or not self.ranks.main:
             return
         t0 = time.perf_counter()
         r = self.student.evaluate(self.held_seqs)
@@ -206,7 +219,7 @@ class _Loop:
         """(sequence) in training order until the cache (or the budget's wait) runs out."""
         cfg, run = self.cfg, self.run
         while True:
-            shards = self.cache.shards()
+            shards = self.ranks.mine(self.cache.shards())
             if run.shard >= len(shards):
                 if run.epoch + 1 < cfg.epochs and shards:
                     run.epoch, run.shard, run.seq = run.epoch + 1, 0, 0
@@ -216,16 +229,14 @@ class _Loop:
                     continue
                 return
             seqs = self.cache.sequences(shards[run.shard])
-            order = shard_order(len(seqs), cfg.seed, run.shard, run.epoch)
+            order = shard_order(len(seqs), cfg.seed, run.shard * self.ranks.world + self.ranks.rank, run.epoch)
             while run.seq < len(order):
                 run.seq += 1
                 yield seqs[order[run.seq - 1]]
             run.shard, run.seq = run.shard + 1, 0
 
-    def finished(self, t_run: float) -> bool:
-        cfg, run = self.cfg, self.run
-        return run.seen >= self.budget or bool(cfg.max_steps and run.step >= cfg.max_steps) or \
-            bool(cfg.max_seconds and run.elapsed + time.perf_counter() - t_run >= cfg.max_seconds)
+    def out_of_time(self, t_run: float) -> bool:
+        return bool(self.cfg.max_seconds and self.run.elapsed + time.perf_counter() - t_run >= self.cfg.max_seconds)
 
     def train(self) -> None:
         from tqdm import tqdm
@@ -233,7 +244,7 @@ class _Loop:
         cfg, run = self.cfg, self.run
         if not run.history:
             self.evaluate()
-        bar = tqdm(total=self.budget, initial=run.seen, unit="tok", disable=not cfg.progress, dynamic_ncols=True,
+        bar = tqdm(total=self.budget, initial=run.seen, unit="tok", disable=not (cfg.progress and self.ranks.main), dynamic_ncols=True,
                    mininterval=5)
         autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.amp),
                                   enabled=cfg.amp != "float32")
@@ -242,37 +253,46 @@ class _Loop:
         rows_s, kl_s, hits_s = 0, 0.0, 0  # since the last optimizer step, for the logs
         self.student.module.train()
         self.opt.zero_grad(set_to_none=True)
-        for seq in self.sequences():
-            with autocast:
-                kl, rows, hits = self.student.loss(seq)
-            if kl is None:
-                continue
-            (kl / cfg.batch_tokens).backward()
-            pending, rows_s, kl_s, hits_s = pending + rows, rows_s + rows, kl_s + kl.item(), hits_s + hits
-            run.seen += rows
+        sequences = self.sequences()
+        while True:
+            seq = next(sequences, None)
+            kl, rows, hits = None, 0, 0
+            if seq is not None:
+                with autocast:
+                    kl, rows, hits = self.student.loss(seq)
+            if kl is not None:
+                (kl / cfg.batch_tokens).backward()
+                kl_s, hits_s = kl_s + kl.item(), hits_s + hits
+            rows, (exhausted,) = self.ranks.agree(rows, seq is None)  # rows over all ranks; stop when any rank runs out
+            if exhausted:
+                break
+            pending, rows_s, run.seen = pending + rows, rows_s + rows, run.seen + rows
             bar.update(rows)
             if pending < cfg.batch_tokens:
                 continue
             pending -= cfg.batch_tokens
+            self.ranks.sum_grads(self.params)
             torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
             run.step += 1
             bar.set_postfix({"loss": f"{kl_s / rows_s:.3f}", "p_train": f"{hits_s / rows_s:.3f}"}, refresh=False)
-            if run.step % 20 == 0 or run.step == 1:
+            if self.ranks.main and (run.step % 20 == 0 or run.step == 1):  # kl, hits: rank 0's rows
                 log.info("step %d: %d/%d tokens, loss %.4f, p_train %.3f, lr %.2e", run.step, run.seen, self.budget,
-                         kl_s / rows_s, hits_s / rows_s, self.sched.get_last_lr()[0])
+                         kl_s * self.ranks.world / rows_s, hits_s * self.ranks.world / rows_s, self.sched.get_last_lr()[0])
             rows_s, kl_s, hits_s = 0, 0.0, 0
             now = time.perf_counter()
             run.elapsed, t_run = run.elapsed + now - t_run, now
-            if now - last_eval >= cfg.eval_every_s:
+            if self.ranks.main and now - last_eval >= cfg.eval_every_s:
                 self.evaluate()
                 last_eval = time.perf_counter()
-            if now - last_ckpt >= cfg.ckpt_every_s:
+            _, (save, late) = self.ranks.agree(0, self.ranks.main and now - last_ckpt >= cfg.ckpt_every_s,
+                                               self.ranks.main and self.out_of_time(t_run))  # rank 0's clock decides
+            if save:
                 self.checkpoint()
                 last_ckpt = time.perf_counter()
-            if self.finished(t_run):
+            if run.seen >= self.budget or (cfg.max_steps and run.step >= cfg.max_steps) or late:
                 break
         bar.close()
         run.elapsed += time.perf_counter() - t_run

@@ -206,12 +206,12 @@ def generate_teacher(model_dir: Path, prompts: list[list[int]], out: Path, batch
 @torch.inference_mode()
 def forward_teacher(model_dir: Path, seqs: list[tuple[list[int], list[bool]]], out: Path, batch: int = 8,
                     limit_tokens: int | None = None, meta: dict | None = None, ns=(3, 4, 5, 6),
-                    dtype=torch.bfloat16, device="cpu") -> Path:
+                    dtype=torch.bfloat16, device="cpu", shard_tokens: int = 16384) -> Path:
     """Teacher forward over given sequences (ids, assistant mask), e.g. ShareGPT text."""
     model = load_hf(model_dir, dtype).to(device)
     L = model.config.num_hidden_layers
     layers = cache_layers(L, ns)
-    writer = ShardWriter(out, layers, {"source": "text", "dtype": str(dtype), **(meta or {})})
+    writer = ShardWriter(out, layers, {"source": "text", "dtype": str(dtype), **(meta or {})}, shard_tokens)
     cap = _Capture(model, layers)
     head = model.lm_head
     head_hook = cap.handles[-1]  # full-sequence logits instead: compute top-k at loss positions only
