@@ -105,10 +105,13 @@ def fingerprint(jobs: list[Job]) -> str:
 
 
 class IdStore:
-    """Parts of finished responses on disk (atomic writes); which jobs are done, for resuming."""
+    """Parts of finished responses on disk (atomic writes); which jobs are done, for resuming.
 
-    def __init__(self, root: Path, meta: dict, vocab_size: int):
+    Under torchrun (world > 1) rank r writes its own parts, part_KKKKK-rR.npz, next to the others'."""
+
+    def __init__(self, root: Path, meta: dict, vocab_size: int, rank: int = 0, world: int = 1):
         self.root = Path(root)
+        self.suffix = f"-r{rank}" if world > 1 else ""  # this rank's part names end with it
         self.root.mkdir(parents=True, exist_ok=True)
         self.dtype = np.uint16 if vocab_size <= 65536 else np.int32
         mpath = self.root / "meta.json"
@@ -127,8 +130,12 @@ class IdStore:
     def done(self) -> set[int]:
         return {int(j) for p in self.parts() for j in np.load(p)["job"]}
 
-    def tokens(self) -> int:
-        return sum(int(np.load(p)["offsets"][-1]) for p in self.parts())
+    def mine(self) -> list[Path]:
+        """The parts this rank wrote (every part without torchrun)."""
+        return sorted(self.root.glob(f"part_*{self.suffix}.npz"))
+
+    def tokens(self, mine: bool = False) -> int:
+        return sum(int(np.load(p)["offsets"][-1]) for p in (self.mine() if mine else self.parts()))
 
     def add(self, job: int, resp: list[int]) -> None:
         self._buf.append((job, resp))
@@ -140,12 +147,13 @@ class IdStore:
         if not self._buf:
             return
         lens = [len(r) for _, r in self._buf]
-        idx = len(self.parts())
-        tmp = self.root / f".part_{idx:05d}.tmp.npz"
+        idx = len(self.mine())
+        name = f"part_{idx:05d}{self.suffix}"
+        tmp = self.root / f".{name}.tmp.npz"
         np.savez_compressed(tmp, resp=np.concatenate([np.asarray(r, self.dtype) for _, r in self._buf]),
                             offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
                             job=np.asarray([j for j, _ in self._buf], np.int32))
-        os.replace(tmp, self.root / f"part_{idx:05d}.npz")
+        os.replace(tmp, self.root / f"{name}.npz")
         self._buf = []
 
     @staticmethod
@@ -157,8 +165,10 @@ class IdStore:
 
 def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
                  max_prompt: int = 384, limit_tokens: int = 0, part_tokens: int = 200_000, seed: int = 0,
-                 dtype=torch.bfloat16, device: str = "cpu", progress: bool = True) -> IdStore:
-    """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens."""
+                 dtype=torch.bfloat16, device: str = "cpu", progress: bool = True, rank: int = 0,
+                 world: int = 1) -> IdStore:
+    """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens.
+    Rank r of `world` generates the jobs i with i % world == r (each rank its own shard)."""
     from tqdm import tqdm
 
     from spd.models.loading import load_tokenizer
@@ -171,10 +181,10 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
     meta = {"model": Path(model_dir).name, "split": split, "jobs": len(jobs), "fingerprint": fingerprint(jobs),
             "max_new": max_new, "max_prompt": max_prompt, "seed": seed, "dtype": str(dtype),
             "sample_frac": 0.25, "sample_temp": 0.7}
-    store = IdStore(out, meta, model.config.vocab_size)
+    store = IdStore(out, meta, model.config.vocab_size, rank, world)
     done = store.done()
-    todo = [(i, j) for i, j in enumerate(jobs) if i not in done]
-    have = store.tokens()
+    todo = [(i, j) for i, j in enumerate(jobs) if i not in done and i % world == rank]
+    have = store.tokens(mine=True)
     log.info("[selfgen] %d jobs, %d done (%d tokens), %d to go", len(jobs), len(done), have, len(todo))
     bar = tqdm(total=limit_tokens or None, initial=have, unit="tok", disable=not progress, mininterval=10)
     t0 = time.perf_counter()
@@ -217,15 +227,21 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=128, help="rows decoding together (default 128)")
     p.add_argument("--max-new", type=int, default=256, help="response cap in tokens (default 256)")
     p.add_argument("--max-prompt", type=int, default=384, help="prompt cap; older turns dropped to fit (default 384)")
-    p.add_argument("--tokens", type=int, default=0, help="stop after this many response tokens in all (0: every job)")
+    p.add_argument("--tokens", type=int, default=0, help="stop after this many response tokens in all (0: every job; "
+                   "under torchrun each rank generates its share)")
     p.add_argument("--part-tokens", type=int, default=200_000, help="response tokens per part file (default 200k)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
+    device = args.device
+    if world > 1 and device == "cuda":
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     store = generate_ids(resolve_model(args.model), Path(args.out), args.split, args.batch, args.max_new,
-                         args.max_prompt, args.tokens, args.part_tokens, device=args.device)
+                         args.max_prompt, args.tokens // world if args.tokens else 0, args.part_tokens, device=device,
+                         rank=rank, world=world)
     print(f"{store.root}: {store.tokens()} tokens in {len(store.parts())} parts")
     return 0
 
