@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from spd.core.drafter import DrafterState
 from spd.core.pdm import PDM, random_pdm
@@ -51,7 +52,7 @@ def shipped_draft_for(model_dir: Path) -> Path | None:
 class LocalPipeline:
     model_dir: Path
     config: object
-    tokenizer: object | None
+    tokenizer: PreTrainedTokenizerBase | None  # None when built without one
     split: PipelineSplit
     stages: list[Stage]
     pdm: PDM | None  # None when built for AR only

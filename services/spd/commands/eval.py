@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
         spd = next((m for m in methods if m.kind == "spd" and m.draft == "shipped"), None) or \
             next((m for m in methods if m.kind == "spd"), None)
         if spd is not None:
-            q = dict(prompts=1, seeds=2, max_tokens=24) if args.quick else {}
-            (out / "check.json").write_text(json.dumps(check_sampled(h, spd, **q), indent=1))
+            q: dict[str, int] = dict(prompts=1, seeds=2, max_tokens=24) if args.quick else {}
+            (out / "check.json").write_text(json.dumps(check_sampled(h, spd, "mtbench", **q), indent=1))
     if "report" in phases:
         check = json.loads((out / "check.json").read_text()) if (out / "check.json").exists() else None
         argv = sys.argv[sys.argv.index("eval") + 1:] if "eval" in sys.argv else []

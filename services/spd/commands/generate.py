@@ -70,16 +70,19 @@ def run(args: argparse.Namespace) -> int:
         local = build_local(cfg, with_drafter=args.engine != "ar")
     except ValueError as e:  # e.g. n greater than the model's layers, a bad --split
         raise UsageError(str(e)) from None
+    tok = local.tokenizer
+    assert tok is not None  # build_local loads it unless told not to
     params = SamplingParams(req.temperature, req.top_k, req.top_p, req.seed, req.coupling)
-    stop = StopRule(req.max_tokens, eos_ids_of(local.tokenizer, local.config), req.stop, local.tokenizer)
-    prompt_ids = encode_prompt(local.tokenizer, args.prompt, raw=args.raw)
-    stats, trace = Stats(n=len(local.stages)), []
+    stop = StopRule(req.max_tokens, eos_ids_of(tok, local.config), req.stop, tok)
+    prompt_ids = encode_prompt(tok, args.prompt, raw=args.raw)
+    stats = Stats(n=len(local.stages))
+    trace: list[dict] = []
     if args.engine == "ar":
         tokens = ar_stream(local.stages, prompt_ids, params, stop, stats)
     else:
         tokens = SPDEngine(local.stages, local.drafter(), args.schedule, trace=args.trace).stream(
             prompt_ids, params, stop, stats, trace)
-    text = TextStream(local.tokenizer, tuple(args.stop))
+    text = TextStream(tok, tuple(args.stop))
     ids = []
     for token in tokens:
         ids.append(token)
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text.push(token))
             sys.stdout.flush()
     result = Generation(ids, stop.finish_reason(ids) or "length", stats, trace)
-    full = stop.cut_text(local.tokenizer.decode(ids, skip_special_tokens=True))
+    full = stop.cut_text(str(tok.decode(ids, skip_special_tokens=True)))
     if args.json:
         out = {"text": full, "token_ids": ids, "finish_reason": result.finish_reason,
                "engine": args.engine, "stats": stats.as_dict()}
