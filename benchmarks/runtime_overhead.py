@@ -56,9 +56,10 @@ def zmq_hop_us(reps: int = 2000, hidden: int = 576) -> dict:
     try:
         for i in range(reps):
             t0 = time.perf_counter()
-            wire.send(to_b, "HIDDEN", {"rid": "b", "epoch": 1, "pos": i}, {"h": h})
+            wire.send(to_b, wire.Hidden(rid="b", epoch=1, pos=i, base=0, tokens=[0], h=h))
             m = wire.recv(b_in, 1000)
-            wire.send(to_a, "HIDDEN", {"rid": "b", "epoch": 1, "pos": i}, {"h": m.tensors["h"]})
+            assert isinstance(m, wire.Hidden)
+            wire.send(to_a, wire.Hidden(rid="b", epoch=1, pos=i, base=0, tokens=[0], h=m.h))
             wire.recv(a_in, 1000)
             samples.append((time.perf_counter() - t0) / 2 * 1e6)
     finally:

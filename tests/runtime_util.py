@@ -1,9 +1,7 @@
 """Driving runtime objects (StageWorker, DrafterWorker, Driver) in process: an ipc topology, every
-send recorded instead of made, and messages built by hand."""
+send recorded instead of made, and typed messages built by hand."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
@@ -19,17 +17,38 @@ def ipc_topology(tmp_path) -> Topology:
 
 
 def record_sends(worker):
-    """Replace worker.send: each send is appended to worker.sent as (socket, kind, header, tensors)."""
+    """Replace worker.send: each send is appended to worker.sent as (socket, message)."""
     worker.sent = []
-    worker.send = lambda sock, kind, header, tensors=None: worker.sent.append((sock, kind, header, tensors))
+    worker.send = lambda sock, message: worker.sent.append((sock, message))
     return worker
 
 
-def message(kind: str, slot: int, epoch: int, pos: int = 0, tensors=None, **header) -> wire.Message:
-    return wire.Message(kind, {"rid": f"r{slot}", "epoch": epoch, "pos": pos, "slot": slot, **header}, tensors or {})
+def sent(worker, cls: type[wire.Message]) -> list:
+    """The messages of type `cls` the worker sent, in order."""
+    return [m for _, m in worker.sent if isinstance(m, cls)]
 
 
-def prefill(slot: int, ids: list[int], epoch: int) -> wire.Message:
+def prefill(slot: int, ids: list[int], epoch: int) -> wire.Prefill:
     """The PREFILL the orchestrator broadcasts for a greedy request of prompt `ids` (pre-step)."""
-    return message("PREFILL", slot, epoch, base=0, params=dataclasses.asdict(SamplingParams()), prompt_len=len(ids),
-                   s0=0, draft_limit=100, tensors={"ids": torch.tensor(ids)})
+    return wire.Prefill(rid=f"r{slot}", epoch=epoch, slot=slot, params=SamplingParams(), prompt_len=len(ids), s0=0,
+                        draft_limit=100, ids=torch.tensor(ids))
+
+
+def reseed(slot: int, epoch: int, pos: int, token: int) -> wire.Reseed:
+    """Position `pos` committed as `token`: the fill restarts there."""
+    return wire.Reseed(rid=f"r{slot}", epoch=epoch, slot=slot, pos=pos, base=pos, token=token)
+
+
+def draft(slot: int, epoch: int, pos: int, token: int, rid: str = "") -> wire.Draft:
+    return wire.Draft(rid=rid or f"r{slot}", epoch=epoch, slot=slot, pos=pos, base=0, token=token)
+
+
+def anchors(slot: int, epoch: int, stage: int, pos: int, count: int) -> wire.Anchors:
+    """Stage `stage` saw positions pos .. pos + count - 1 (no anchor tensors: a scripted drafter needs none)."""
+    return wire.Anchors(rid=f"r{slot}", epoch=epoch, slot=slot, pos=pos, base=0, tokens=[0] * count, stage=stage,
+                        count=count)
+
+
+def exit_(slot: int, epoch: int, pos: int, argmax: int, rid: str = "") -> wire.Exit:
+    """Stage n's summary of the token leaving at `pos` (greedy: the decided token only)."""
+    return wire.Exit(rid=rid or f"r{slot}", epoch=epoch, slot=slot, pos=pos, base=0, tokens=[0], argmax=argmax)

@@ -118,7 +118,7 @@ def test_a_forged_far_future_epoch_does_not_wedge_the_workers(tiny_chat_model, s
     try:
         for endpoint in (*shared_cluster.topology.stages, shared_cluster.topology.drafter):
             sock = data_plane_push(ctx, shared_cluster, endpoint)
-            wire.send(sock, "CANCEL", {"rid": "x", "epoch": 2 ** 53, "pos": 0}, timeout_ms=1000)
+            wire.send(sock, wire.Cancel(rid="x", epoch=2 ** 53), timeout_ms=1000)
             sock.close()
         with SPDClient(address(shared_cluster), timeout=30, retries=0) as client:
             for prompt in PROMPTS:
@@ -271,8 +271,8 @@ def test_a_protocol_error_in_a_stage_is_reported_and_recovered_at_once(tiny_chat
                 if i == 5:
                     t0 = time.monotonic()
                     # an epoch 20 s ahead: the orchestrator's own would lose to it until it adopts it
-                    wire.send(sock, "RESEED", {"rid": "x", "epoch": wire.next_epoch(0) + 20_000_000, "pos": 999,
-                                               "slot": 0, "base": 999, "token": 1}, timeout_ms=1000)
+                    wire.send(sock, wire.Reseed(rid="x", epoch=wire.next_epoch(0) + 20_000_000, pos=999, slot=0,
+                                                base=999, token=1), timeout_ms=1000)
         sock.close()
     finally:
         ctx.destroy(linger=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime_util import ipc_topology, message, prefill, record_sends
+from runtime_util import anchors, ipc_topology, prefill, record_sends, reseed
 from spd import wire
 from spd.core.scripted import ScriptedDrafter
 from spd.runtime.drafter_worker import DrafterWorker
@@ -23,32 +23,28 @@ def drafter(tmp_path):
     worker.close()
 
 
-def _anchors(slot, epoch, stage, pos, count):
-    return message("ANCHORS", slot, epoch, pos=pos, stage=stage, count=count)
-
-
 def _drafts(worker):
     """(slot, position, token, batch) of each draft sent to stage 1 (a copy goes to the orchestrator)."""
-    return [(h["slot"], h["pos"], h["token"], h["batch"]) for sock, kind, h, _ in worker.sent
-            if kind == "DRAFT" and sock is worker.to_stage1]
+    return [(d.slot, d.pos, d.token, d.batch) for sock, d in worker.sent
+            if isinstance(d, wire.Draft) and sock is worker.to_stage1]
 
 
 def _prefilled(worker, slot, epoch, prompt=(1, 2, 3)):
     """A prompt through both stages, then its first token committed (RESEED at the prompt's end)."""
     worker.handle(prefill(slot, list(prompt), epoch))
     for stage in range(1, N + 1):
-        worker.handle(_anchors(slot, epoch, stage, 0, len(prompt)))
-    worker.handle(message("RESEED", slot, epoch + 1, pos=len(prompt), base=len(prompt), token=7))
+        worker.handle(anchors(slot, epoch, stage, 0, len(prompt)))
+    worker.handle(reseed(slot, epoch + 1, pos=len(prompt), token=7))
 
 
 def test_anchors_of_an_epoch_not_opened_yet_wait_for_it_and_then_count(drafter):
     epoch = wire.next_epoch(0)
     drafter.handle(prefill(0, [1, 2, 3], epoch))
     for stage in range(1, N + 1):
-        drafter.handle(_anchors(0, epoch, stage, 0, 3))
-    drafter.handle(_anchors(0, epoch + 1, 1, 3, 1))  # stage 1 ran the reseed token before the RESEED got here
+        drafter.handle(anchors(0, epoch, stage, 0, 3))
+    drafter.handle(anchors(0, epoch + 1, 1, 3, 1))  # stage 1 ran the reseed token before the RESEED got here
     assert drafter.slots[0].future
-    drafter.handle(message("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
+    drafter.handle(reseed(0, epoch + 1, pos=3, token=7))
     drafter.after_messages()
     drafter.after_messages()  # the next draft needs the reseed token at depth 1: the held anchors
     assert _drafts(drafter) == [(0, 4, SCRIPT[1], 1), (0, 5, SCRIPT[2], 1)]
@@ -58,12 +54,12 @@ def test_anchors_of_an_older_epoch_count_only_below_the_base_its_flush_kept(draf
     epoch = wire.next_epoch(0)
     _prefilled(drafter, 0, epoch)
     drafter.after_messages()  # drafts position 4
-    drafter.handle(message("RESEED", 0, epoch + 2, pos=4, base=4, token=9))  # position 4 was rejected
-    drafter.handle(_anchors(0, epoch + 1, 1, 3, 2))  # late: positions 3 (kept) and 4 (void) from the old epoch
+    drafter.handle(reseed(0, epoch + 2, pos=4, token=9))  # position 4 was rejected
+    drafter.handle(anchors(0, epoch + 1, 1, 3, 2))  # late: positions 3 (kept) and 4 (void) from the old epoch
     state = drafter.slots[0].state
     assert state.depth[3] == 1 and state.depth[4] == 0  # 3 counted; 4 is the new token, still at depth 0
     stale_before = drafter.dropped["stale"]
-    drafter.handle(_anchors(0, epoch + 1, 2, 4, 1))  # entirely past the kept base
+    drafter.handle(anchors(0, epoch + 1, 2, 4, 1))  # entirely past the kept base
     assert drafter.dropped["stale"] == stale_before + 1
 
 

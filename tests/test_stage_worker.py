@@ -11,7 +11,7 @@ import torch
 
 import spd.core.target as target
 from conftest import pipeline
-from runtime_util import ipc_topology, message, prefill, record_sends
+from runtime_util import draft, ipc_topology, prefill, record_sends, reseed, sent
 from spd import wire
 from spd.runtime.stage_worker import StageWorker
 
@@ -33,10 +33,10 @@ def test_a_long_prompt_runs_chunk_by_chunk_between_the_decode_steps_of_another_r
     stage1.handle(prefill(0, [1, 2, 3], epoch))
     stage1.after_messages()  # slot 0 is decoding when the long prompt arrives
     stage1.handle(prefill(1, long_prompt, epoch))
-    stage1.handle(message("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
-    stage1.handle(message("DRAFT", 0, epoch + 1, pos=4, token=8))
+    stage1.handle(reseed(0, epoch + 1, pos=3, token=7))
+    stage1.handle(draft(0, epoch + 1, pos=4, token=8))
     stage1.after_messages()
-    hidden = [(h["slot"], h["pos"], len(h["tokens"]), t["h"]) for _, kind, h, t in stage1.sent if kind == "HIDDEN"]
+    hidden = [(h.slot, h.pos, len(h.tokens), h.h) for h in sent(stage1, wire.Hidden)]
     # one round each: a chunk of slot 1, then a decode step of slot 0
     assert [(s, p, w) for s, p, w, _ in hidden] == [(0, 0, 3), (1, 0, 4), (0, 3, 1), (1, 4, 4), (0, 4, 1), (1, 8, 2)]
     assert stage1.stage.kv_length_of(1) == 10 and stage1.stage.kv_length_of(0) == 5
@@ -56,11 +56,22 @@ def test_gathering_holds_single_tokens_until_every_decoding_slot_has_one(stage1)
         stage1.handle(prefill(slot, [1, 2, 3], epoch))
     stage1.after_messages()  # the prompts run at once (chunks never wait)
     stage1.gather.observe(0.01)
-    stage1.handle(message("RESEED", 0, epoch + 1, pos=3, base=3, token=7))
+    stage1.handle(reseed(0, epoch + 1, pos=3, token=7))
     stage1.after_messages()
-    assert not [h for _, kind, h, _ in stage1.sent if kind == "HIDDEN" and h["pos"] == 3]
+    assert not [h for h in sent(stage1, wire.Hidden) if h.pos == 3]
     assert stage1.wake_at is not None  # held, with a wake-up time
-    stage1.handle(message("RESEED", 1, epoch + 2, pos=3, base=3, token=9))
+    stage1.handle(reseed(1, epoch + 2, pos=3, token=9))
     stage1.after_messages()
-    ran = [h for _, kind, h, _ in stage1.sent if kind == "HIDDEN" and h["pos"] == 3]
-    assert sorted(h["slot"] for h in ran) == [0, 1] and all(h["batch"] == [2] for h in ran)  # one batch of both
+    ran = [h for h in sent(stage1, wire.Hidden) if h.pos == 3]
+    assert sorted(h.slot for h in ran) == [0, 1] and all(h.batch == [2] for h in ran)  # one batch of both
+
+
+def test_a_message_that_breaks_the_protocol_is_reported_as_an_error_naming_it(stage1):
+    epoch = wire.next_epoch(0)
+    stage1._guarded(stage1._route_and_handle, prefill(0, [1, 2, 3], epoch))
+    stage1._guarded(lambda _: stage1.after_messages(), None)
+    stage1._guarded(stage1._route_and_handle, reseed(0, epoch + 1, pos=9, token=7))  # KV holds only 3
+    (error,) = sent(stage1, wire.Error)
+    assert (error.rid, error.epoch, error.slot, error.pos, error.compute) == ("r0", epoch + 1, 0, 9, False)
+    assert (error.role, error.index) == ("stage", 1) and "reseed at 9" in error.reason
+    assert stage1.dropped["protocol"] == 1

@@ -203,11 +203,11 @@ def run_spare(args) -> int:
         if a is None:
             return 0
         if args.role_file:  # tells `spd up` which role this process now has (its state file)
-            args.role_file.write_text(f"{a['role']}-{a['index']}" if a["role"] == "stage" else a["role"])
-        topology = Topology.from_dict(a["routes"])
+            args.role_file.write_text(f"{a.role}-{a.index}" if a.role == "stage" else a.role)
+        topology = a.routes
         setup = (topology, *setup[1:])
-        if a["role"] == "stage":
-            worker = StageWorker(topology, a["index"], _stage(args, *setup, a["index"]), args.endpoint, spare,
+        if a.role == "stage":
+            worker = StageWorker(topology, a.index, _stage(args, *setup, a.index), args.endpoint, spare,
                                  gather=args.gather)
         else:
             worker = DrafterWorker(topology, _drafter_state(args, *setup), args.endpoint, spare, gather=args.gather)

@@ -16,6 +16,7 @@ the orchestrator's RESEED.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ class _Slot:
     limit: int = 0  # drafts may take positions < limit
     base: int = 0  # first position of the current fill
     bases: dict[int, int] = field(default_factory=dict)  # epoch -> base, to judge older anchor messages
-    future: list[wire.Message] = field(default_factory=list)
+    future: list[wire.Anchors] = field(default_factory=list)  # anchors of epochs not opened yet
 
 
 class DrafterWorker(Worker):
@@ -69,11 +70,11 @@ class DrafterWorker(Worker):
     def handle(self, msg: wire.Message) -> None:
         sid = msg.slot
         slot = self._slot(sid)
-        if msg.kind in ("PREFILL", "RESEED", "CANCEL"):
+        if isinstance(msg, (wire.Prefill, wire.Reseed, wire.Cancel)):
             if msg.epoch < slot.epoch or not self.plausible(msg):
                 return
             self._open_epoch(slot, msg)
-        elif msg.kind == "ANCHORS":
+        elif isinstance(msg, wire.Anchors):
             if msg.rid != slot.rid and msg.epoch <= slot.epoch:
                 return
             if msg.epoch > slot.epoch:
@@ -82,24 +83,23 @@ class DrafterWorker(Worker):
                 return
             self._observe(slot, msg)
 
-    def _open_epoch(self, slot: _Slot, msg: wire.Message) -> None:
-        h = msg.header
-        if msg.kind != "RESEED" or msg.rid != slot.rid:
+    def _open_epoch(self, slot: _Slot, msg: wire.Prefill | wire.Reseed | wire.Cancel) -> None:
+        if not isinstance(msg, wire.Reseed) or msg.rid != slot.rid:
             slot.bases = {}
         slot.rid, slot.epoch = msg.rid, msg.epoch
-        if msg.kind == "CANCEL":
+        if isinstance(msg, wire.Cancel):
             slot.limit = 0
             slot.state.reset()
             return
-        if msg.kind == "PREFILL":
-            slot.params, slot.s0, slot.limit = SamplingParams(**h["params"]), h["s0"], h["draft_limit"]
+        if isinstance(msg, wire.Prefill):
+            slot.params, slot.s0, slot.limit = msg.params, msg.s0, msg.draft_limit
             slot.state.reset()
-            slot.state.enter(0, msg.tensors["ids"].to(torch.long))
-            slot.base = len(msg.tensors["ids"])  # nothing drafted before the first token is committed
+            slot.state.enter(0, msg.ids.to(torch.long))
+            slot.base = len(msg.ids)  # nothing drafted before the first token is committed
         else:
-            slot.base = h["base"]
+            slot.base = msg.base
             slot.state.truncate(slot.base)
-            slot.state.enter(slot.base, torch.tensor([int(h["token"])]))
+            slot.state.enter(slot.base, torch.tensor([msg.token]))
         slot.bases[slot.epoch] = slot.base
         waiting, slot.future = slot.future, []
         for m in waiting:
@@ -108,9 +108,8 @@ class DrafterWorker(Worker):
             else:
                 slot.future.append(m)
 
-    def _observe(self, slot: _Slot, msg: wire.Message) -> None:
-        h = msg.header
-        count = h["count"]
+    def _observe(self, slot: _Slot, msg: wire.Anchors) -> None:
+        count = msg.count
         if msg.epoch < slot.epoch:  # older epoch: only positions its flush kept are still valid
             # epochs are not consecutive (wire.next_epoch): the flushes after msg's epoch kept < min base
             keep = min((b for e, b in slot.bases.items() if e > msg.epoch), default=None)
@@ -121,8 +120,8 @@ class DrafterWorker(Worker):
         count = min(count, slot.state.length - msg.pos)
         if count <= 0:
             return
-        anchors = {int(k[1:]): v[:count] for k, v in msg.tensors.items()}
-        slot.state.observe(msg.pos, count, h["stage"], anchors)
+        anchors = {b: v[:count] for b, v in msg.anchors.items()}
+        slot.state.observe(msg.pos, count, msg.stage, anchors)
 
     def after_messages(self) -> None:
         """Draft for every slot that is ready, as one batched draft."""
@@ -156,8 +155,8 @@ class DrafterWorker(Worker):
 
     def _send_draft(self, sid: int, slot: _Slot, d, t_ms: float, batch: int) -> None:
         slot.state.enter(d.position, torch.tensor([d.token]))
-        head = {"rid": slot.rid, "epoch": slot.epoch, "slot": sid, "pos": d.position, "base": slot.base,
-                "token": d.token, "t_ms": t_ms, "fill": d.fill, "batch": batch}
+        draft = wire.Draft(rid=slot.rid, epoch=slot.epoch, slot=sid, pos=d.position, base=slot.base, token=d.token,
+                           t_ms=t_ms, fill=d.fill, batch=batch)
         log.debug("[draft] slot %d epoch %d pos %d token %d (batch %d)", sid, slot.epoch, d.position, d.token, batch)
-        self.send(self.to_stage1, "DRAFT", head)
-        self.send(self.to_orch, "DRAFT", head, wire.sparse(d.q) if d.q is not None else None)
+        self.send(self.to_stage1, draft)
+        self.send(self.to_orch, draft if d.q is None else dataclasses.replace(draft, q=wire.SparseDist.of(d.q)))

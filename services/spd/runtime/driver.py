@@ -12,6 +12,7 @@ new epoch (with the routes, so every worker sends to the replacement) and contin
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -110,17 +111,17 @@ class Driver:
             if spare is None:
                 return
             routes = self.routes.moved(role, index, spare.endpoint)
-            wire.send(self._socket(spare.endpoint), "ASSIGN", {"rid": "", "epoch": self.epoch, "pos": 0, "role": role,
-                                                                "index": index, "routes": routes.to_dict()}, timeout_ms=100)
+            wire.send(self._socket(spare.endpoint), wire.Assign(epoch=self.epoch, role=role, index=index, routes=routes),
+                      timeout_ms=100)
             log.warning("[recover] %s %d: spare pid %d at %s takes over", role, index, spare.pid, spare.endpoint)
             self._set_routes(routes)
 
-    def _register(self, h: dict) -> None:
+    def _register(self, beat: wire.Presence) -> None:
         """A HELLO / HEARTBEAT: liveness, restarts, spares, and where a (re)started worker listens."""
-        role, index, endpoint = h.get("role", "?"), int(h.get("index", 0)), str(h.get("endpoint", ""))
+        role, index, endpoint = beat.role, beat.index, beat.endpoint
         if role not in ("stage", "drafter", "spare") or (role == "stage" and not 1 <= index <= self.n):
             return
-        status = self.registry.beat(role, index, str(h.get("incarnation")), int(h.get("pid", 0)), endpoint)
+        status = self.registry.beat(role, index, beat.incarnation, beat.pid, endpoint)
         if status == "restart":
             self._restarted = True
         if status in ("new", "restart") and endpoint:
@@ -187,27 +188,24 @@ class Driver:
             missing = self.registry.missing(need_drafter=False)
             if missing:
                 raise Fault(f"{', '.join(missing)} stopped sending heartbeats")
-            if msg is not None and msg.kind == "ERROR" and self._current_error(msg):
+            if isinstance(msg, wire.Error) and self._current_error(msg):
                 if wire.plausible_epoch(msg.epoch):  # the recovery's epochs must win over the one that failed
                     self.epoch = max(self.epoch, msg.epoch)
-                raise Fault(f"{msg.header.get('role')} {msg.header.get('index')} reports a protocol error: "
-                            f"{msg.header.get('reason')}")
-            slot = _slot_of(msg) if msg is not None and msg.kind in ("DRAFT", "EXIT") else None
-            run = self.runs.get(slot) if slot is not None else None
-            if run is not None and msg is not None and msg.rid == run.job.rid and msg.epoch == run.epoch:
-                self._guard(run, run.on_message, msg)
+                raise Fault(f"{msg.role} {msg.index} reports a protocol error: {msg.reason}")
+            if isinstance(msg, (wire.Draft, wire.Exit)):
+                run = self.runs.get(msg.slot)
+                if run is not None and msg.rid == run.job.rid and msg.epoch == run.epoch:
+                    self._guard(run, run.on_message, msg)
             for run in list(self.runs.values()):
                 self._guard(run, run.tick)
         except Fault as e:
             self._recover(str(e))
 
-    def _current_error(self, msg: wire.Message) -> bool:
+    def _current_error(self, msg: wire.Error) -> bool:
         """Does a worker's ERROR concern the present (not a message of an epoch already recovered from)?"""
-        slot = msg.header.get("slot")
-        if slot is None:  # a compute error: that worker's state is suspect
+        if msg.compute:  # a compute error: that worker's state is suspect
             return True
-        slot = _slot_of(msg)
-        run = self.runs.get(slot) if slot is not None else None
+        run = self.runs.get(msg.slot)
         return run is not None and msg.epoch >= run.epoch
 
     def _guard(self, run: "Run", fn, *args) -> None:
@@ -232,7 +230,7 @@ class Driver:
             self._fail(run.job, outcome, *error)
         else:
             metrics.REQUESTS.labels(outcome).inc()
-        self.broadcast("CANCEL", {"rid": run.job.rid, "slot": run.slot})
+        self.broadcast(wire.Cancel(rid=run.job.rid, slot=run.slot))
 
     def _fail(self, job: Job, outcome: str, code: str, message: str) -> None:
         metrics.REQUESTS.labels(outcome).inc()
@@ -270,12 +268,13 @@ class Driver:
 
     # -- messaging ------------------------------------------------------------------------------
 
-    def broadcast(self, kind: str, header: dict, tensors=None, epoch_bump: bool = True) -> int:
-        if epoch_bump:
-            self.epoch = wire.next_epoch(self.epoch)
-        head = {"epoch": self.epoch, "pos": header.pop("pos", 0), **header}
+    def broadcast(self, message: wire.Control) -> int:
+        """Send a control message to every worker under a new epoch, stamped onto it (the message's
+        own epoch is ignored: build it without one). Returns that epoch."""
+        self.epoch = wire.next_epoch(self.epoch)
+        stamped = dataclasses.replace(message, epoch=self.epoch)
         for sock in self.peers:
-            wire.send(sock, kind, head, tensors, timeout_ms=100)
+            wire.send(sock, stamped, timeout_ms=100)
         return self.epoch
 
     def _poll(self, timeout_ms: int) -> wire.Message | None:
@@ -294,18 +293,10 @@ class Driver:
                 metrics.MALFORMED.inc()
                 log.warning("[drop] malformed frame at the orchestrator: %s", e)
                 continue
-            if msg is None or msg.kind not in ("HELLO", "HEARTBEAT"):
+            if not isinstance(msg, wire.Presence):
                 return msg
-            self._register(msg.header)
+            self._register(msg)
 
     def take_restart(self) -> bool:
         restarted, self._restarted = self._restarted, False
         return restarted
-
-
-def _slot_of(msg: wire.Message) -> int | None:
-    try:
-        return msg.slot
-    except wire.WireError:
-        metrics.MALFORMED.inc()
-        return None

@@ -4,7 +4,6 @@ for; it turns EXITs into commits, rejections into RESEEDs, and faults into a re-
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -44,7 +43,7 @@ class Run:
         self.draft_limit = min(P + max_new, cfg.context)  # drafts may take positions < this
         self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
         self.epoch = 0  # this request's current epoch (its last PREFILL / RESEED)
-        self.exits: dict[int, tuple[wire.Message, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
+        self.exits: dict[int, tuple[wire.Exit, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
         self.stats = RequestStats(driver.n, P, queue_ms=1e3 * (time.monotonic() - job.submitted))
         metrics.QUEUE_TIME.observe(self.stats.queue_ms / 1e3)
         metrics.PROMPT_TOKENS.inc(P)
@@ -54,19 +53,15 @@ class Run:
         self.last_accept = False
         self.cycle_ms: list[float] = []  # steady-state cycle times (accept after accept)
 
-    def _broadcast(self, kind: str, header: dict, tensors=None) -> None:
-        self.epoch = self.d.broadcast(kind, {"rid": self.job.rid, "slot": self.slot, **header}, tensors)
-
     def start(self) -> None:
         self._prefill(self.job.prompt_ids)
 
     def _prefill(self, ids: list[int], prompt_len: int | None = None) -> None:
-        params = dataclasses.asdict(self.job.params)
         self.fill_start = len(ids)
-        self._broadcast("PREFILL", {"base": 0, "params": params, "prompt_len": prompt_len or len(ids),
-                                    "s0": staircase_offset(self.d.cfg.schedule), "draft_limit": self.draft_limit,
-                                    "routes": self.d.routes.to_dict()},
-                        {"ids": torch.tensor(ids, dtype=torch.int64)})
+        self.epoch = self.d.broadcast(wire.Prefill(
+            rid=self.job.rid, slot=self.slot, params=self.job.params, prompt_len=prompt_len or len(ids),
+            s0=staircase_offset(self.d.cfg.schedule), draft_limit=self.draft_limit, routes=self.d.routes,
+            ids=torch.tensor(ids, dtype=torch.int64)))
         self.progress = time.monotonic() + len(ids) * settings.PREFILL_ALLOWANCE_S  # a prefill on a slow CPU
 
     def reprefill(self) -> None:
@@ -76,9 +71,9 @@ class Run:
         self.exits = {}
         self._prefill(self.verifier.tokens, prompt_len=len(self.job.prompt_ids))
 
-    def on_message(self, msg: wire.Message) -> None:
+    def on_message(self, msg: wire.Draft | wire.Exit) -> None:
         """A DRAFT or EXIT of this request's current epoch."""
-        if msg.kind == "DRAFT":
+        if isinstance(msg, wire.Draft):
             self._offer(msg)
         else:
             self.exits[msg.pos] = (msg, time.monotonic())
@@ -96,13 +91,16 @@ class Run:
             raise Fault(f"{self.job.rid}: no progress for {self.d.cfg.progress_timeout_s:.0f} s" +
                          (f" ({', '.join(missing)} down)" if missing else ""))
 
-    def _offer(self, msg: wire.Message) -> None:
-        self.verifier.offer(msg.pos, int(msg.header["token"]), msg.dense(self.d.cfg.vocab_size))
-        self.stats.draft_ms += msg.header.get("t_ms", 0.0)
-        self.stats.drafts += 1
-        metrics.PHASE.labels("draft").observe(msg.header.get("t_ms", 0.0) / 1e3)
+    def _dense(self, dist: wire.SparseDist | None) -> torch.Tensor | None:
+        return dist.dense(self.d.cfg.vocab_size) if dist is not None else None
 
-    def _judgeable(self, exit: wire.Message, seen: float) -> bool:
+    def _offer(self, msg: wire.Draft) -> None:
+        self.verifier.offer(msg.pos, msg.token, self._dense(msg.q))
+        self.stats.draft_ms += msg.t_ms
+        self.stats.drafts += 1
+        metrics.PHASE.labels("draft").observe(msg.t_ms / 1e3)
+
+    def _judgeable(self, exit: wire.Exit, seen: float) -> bool:
         """Judge now, or wait a little for the draft that will arrive for this position?"""
         judged = exit.pos + 1
         if judged in self.verifier.drafts or judged <= self.fill_start:
@@ -111,16 +109,16 @@ class Run:
                   and drafts(self.d.cfg.schedule, self.d.n))
         return not expect or time.monotonic() - seen > self.d.cfg.draft_wait_s
 
-    def _judge(self, msg: wire.Message) -> bool:
+    def _judge(self, msg: wire.Exit) -> bool:
         del self.exits[msg.pos]
         t0 = time.perf_counter()
-        v = self.verifier.judge(msg.pos, p=msg.dense(self.d.cfg.vocab_size), argmax=int(msg.header["argmax"]))
+        v = self.verifier.judge(msg.pos, p=self._dense(msg.dist), argmax=msg.argmax)
         self.stats.verify_ms += 1e3 * (time.perf_counter() - t0)
         metrics.PHASE.labels("verify").observe(time.perf_counter() - t0)
-        for j, ms in enumerate(msg.header.get("stage_ms", [])[: self.d.n]):
+        for j, ms in enumerate(msg.stage_ms[: self.d.n]):
             self.stats.stage_ms[j] += ms
             metrics.PHASE.labels(f"stage{j + 1}").observe(ms / 1e3)
-        for j, rows in enumerate(msg.header.get("batch", [])[: self.d.n]):
+        for j, rows in enumerate(msg.batch[: self.d.n]):
             self.stats.batch[j] += rows
             metrics.BATCH.observe(rows)
         self._commit(v)
@@ -134,7 +132,8 @@ class Run:
                 log.info("[flush] %s: reject at %d (draft %s, target %d)", self.job.rid, v.position, v.draft, v.token)
             self.fill_start = v.position
             self.exits = {}
-            self._broadcast("RESEED", {"pos": v.position, "base": v.position, "token": v.token})
+            self.epoch = self.d.broadcast(wire.Reseed(rid=self.job.rid, slot=self.slot, pos=v.position, base=v.position,
+                                                      token=v.token))
         return False
 
     def _commit(self, v: Verdict) -> None:

@@ -24,15 +24,15 @@ class Spare(Worker):
 
     def __init__(self, topology: Topology, endpoint: str, index: int):
         super().__init__(topology, endpoint, index)
-        self.assignment: dict | None = None  # the ASSIGN header, once one came
+        self.assignment: wire.Assign | None = None  # the ASSIGN, once one came
 
     def handle(self, msg: wire.Message) -> None:
-        if msg.kind == "ASSIGN" and self.plausible(msg):
-            self.assignment = msg.header
+        if isinstance(msg, wire.Assign) and self.plausible(msg):
+            self.assignment = msg
             self.stop = True  # leave the receive loop, keep the sockets for the new role
 
-    def wait_for_role(self) -> dict | None:
-        """Serve as a spare until assigned: the ASSIGN header, or None when told to stop."""
+    def wait_for_role(self) -> wire.Assign | None:
+        """Serve as a spare until assigned: the ASSIGN, or None when told to stop."""
         log.info("[spare] %d waiting at %s", self.index, self.endpoint)
         self._serve()
         if self.assignment is None:
@@ -41,6 +41,6 @@ class Spare(Worker):
         for name in self._connected:  # the role's worker opens its own
             getattr(self, name).close(linger=0)
         a = self.assignment
-        log.warning("[recover] spare %d takes over %s %d", self.index, a["role"], a["index"])
+        log.warning("[recover] spare %d takes over %s %d", self.index, a.role, a.index)
         self.stop = False
         return a

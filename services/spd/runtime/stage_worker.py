@@ -29,6 +29,8 @@ from spd.runtime.worker import MAX_PENDING, Worker
 
 log = logging.getLogger(__name__)
 
+Input = wire.Prefill | wire.Reseed | wire.Draft | wire.Hidden  # what a stage runs (stage 1: the first three)
+
 
 @dataclass
 class _Slot:
@@ -38,8 +40,8 @@ class _Slot:
     base: int = 0  # first position of the current epoch's fill
     params: SamplingParams = field(default_factory=SamplingParams)
     limit: int = 0  # positions below this may still get a draft (the request's draft limit)
-    pending: dict[int, wire.Message] = field(default_factory=dict)  # pos -> input of the current epoch
-    future: list[wire.Message] = field(default_factory=list)  # inputs of epochs not opened yet
+    pending: dict[int, Input] = field(default_factory=dict)  # pos -> input of the current epoch
+    future: list[wire.Hidden | wire.Draft] = field(default_factory=list)  # inputs of epochs not opened yet
 
 
 class StageWorker(Worker):
@@ -65,12 +67,12 @@ class StageWorker(Worker):
     def handle(self, msg: wire.Message) -> None:
         sid = msg.slot
         slot = self.slots.setdefault(sid, _Slot())
-        if msg.kind in ("PREFILL", "RESEED", "CANCEL"):
+        if isinstance(msg, (wire.Prefill, wire.Reseed, wire.Cancel)):
             if msg.epoch < slot.epoch or not self.plausible(msg):
                 self.dropped["stale"] += 1
                 return
             self._open_epoch(sid, slot, msg)
-        elif msg.kind in ("HIDDEN", "DRAFT"):
+        elif isinstance(msg, (wire.Hidden, wire.Draft)):
             if msg.epoch < slot.epoch:
                 self.dropped["stale"] += 1
             elif msg.epoch > slot.epoch:
@@ -80,20 +82,19 @@ class StageWorker(Worker):
         else:
             log.debug("stage %d ignores %s", self.index, msg.kind)
 
-    def _open_epoch(self, sid: int, slot: _Slot, msg: wire.Message) -> None:
-        h = msg.header
+    def _open_epoch(self, sid: int, slot: _Slot, msg: wire.Prefill | wire.Reseed | wire.Cancel) -> None:
         slot.rid, slot.epoch, slot.pending = msg.rid, msg.epoch, {}
-        if msg.kind == "CANCEL":
+        if isinstance(msg, wire.Cancel):
             self.stage.release(sid)
             return
-        if msg.kind == "PREFILL":
-            slot.params, slot.limit = SamplingParams(**h["params"]), h["draft_limit"]
+        if isinstance(msg, wire.Prefill):
+            slot.params, slot.limit = msg.params, msg.draft_limit
             slot.base = 0
             self.stage.truncate(0, sid)
             if self.first:
                 slot.pending[0] = msg
         else:  # RESEED: everything from `base` on is void
-            slot.base = h["base"]
+            slot.base = msg.base
             if self.stage.kv_length_of(sid) < slot.base:
                 raise RuntimeError(f"slot {sid}: reseed at {slot.base} but KV holds only "
                                    f"{self.stage.kv_length_of(sid)} positions")
@@ -107,7 +108,7 @@ class StageWorker(Worker):
             elif m.epoch > slot.epoch:
                 slot.future.append(m)
 
-    def _hold(self, buf: list, msg: wire.Message) -> None:
+    def _hold(self, buf: list, msg: wire.Hidden | wire.Draft) -> None:
         if len(buf) >= MAX_PENDING:
             buf.pop(0)
             self.dropped["overflow"] += 1
@@ -138,13 +139,13 @@ class StageWorker(Worker):
                 slot.pending.clear()
                 self.dropped["overflow"] += 1
 
-    def _next_input(self, sid: int) -> tuple[wire.Message, int, list[int], torch.Tensor]:
+    def _next_input(self, sid: int) -> tuple[Input, int, list[int], torch.Tensor]:
         """The slot's input at its KV length: (message, position, token ids, stage input)."""
         pos = self.stage.kv_length_of(sid)
         msg = self.slots[sid].pending[pos]
         return (msg, pos, *_input_at(msg, pos))
 
-    def _consume(self, sid: int, msg: wire.Message, pos: int, width: int) -> None:
+    def _consume(self, sid: int, msg: Input, pos: int, width: int) -> None:
         """That input runs now; the rest of a longer message waits for the next round."""
         pending = self.slots[sid].pending
         del pending[pos]
@@ -159,13 +160,13 @@ class StageWorker(Worker):
 
     # -- compute ----------------------------------------------------------------------------------
 
-    def _forward_chunk(self, sid: int, msg: wire.Message, pos: int, tokens: list[int], x: torch.Tensor) -> None:
+    def _forward_chunk(self, sid: int, msg: Input, pos: int, tokens: list[int], x: torch.Tensor) -> None:
         log.debug("[forward] slot %d %s pos %d (%d tokens)", sid, msg.kind, pos, len(tokens))
         t0 = time.perf_counter()
         out = self.stage(x, pos, sid)
         self._send_on(sid, msg, pos, tokens, out, 1e3 * (time.perf_counter() - t0), batch=1)
 
-    def _forward_batch(self, group: list[tuple[int, wire.Message, int, list[int], torch.Tensor]]) -> None:
+    def _forward_batch(self, group: list[tuple[int, Input, int, list[int], torch.Tensor]]) -> None:
         t0 = time.perf_counter()
         outs = self.stage.forward_rows([(sid, x, pos) for sid, _, pos, _, x in group])
         self.gather.observe(time.perf_counter() - t0)
@@ -173,53 +174,49 @@ class StageWorker(Worker):
         for (sid, msg, pos, tokens, _), out in zip(group, outs):
             self._send_on(sid, msg, pos, tokens, out, t_ms, batch=len(group))
 
-    def _send_on(self, sid: int, msg: wire.Message, pos: int, tokens: list[int], out, t_ms: float, batch: int) -> None:
+    def _send_on(self, sid: int, msg: Input, pos: int, tokens: list[int], out, t_ms: float, batch: int) -> None:
         slot = self.slots[sid]
-        chain = list(msg.header.get("stage_ms", [])) if msg.kind == "HIDDEN" else []
-        batches = list(msg.header.get("batch", [])) if msg.kind == "HIDDEN" else []
-        head = {"rid": slot.rid, "epoch": slot.epoch, "slot": sid, "pos": pos, "base": slot.base, "tokens": tokens,
-                "t_ms": t_ms, "stage_ms": chain + [t_ms], "batch": batches + [batch]}
-        anchors = {f"a{b}": h for b, h in out.anchors.items()}
-        self.send(self.to_drafter, "ANCHORS", {**head, "stage": self.index, "count": len(tokens)}, anchors)
-        if self.last:
-            self._exit(slot, head, out.logits[-1])
-        else:
-            self.send(self.to_next, "HIDDEN", head, {"h": out.hidden})
-
-    def _exit(self, slot: _Slot, head: dict, logits: torch.Tensor) -> None:
-        """The exiting token's distribution, compactly: the decided token (greedy: argmax; gumbel:
-        argmax(log p + G)), plus the processed support for rejection sampling."""
-        pos = head["pos"] + len(head["tokens"]) - 1  # the last position of this input
-        params = slot.params
-        decided = decided_token(logits, params, pos + 1)
-        summary = {**head, "pos": pos, "argmax": decided}
-        # rejection sampling needs the whole processed distribution
-        tensors = None if params.decided else wire.sparse(process(logits, params))
-        self.send(self.to_next, "EXIT", summary, tensors)
+        stage_ms = [*msg.stage_ms, t_ms] if isinstance(msg, wire.Hidden) else [t_ms]
+        batches = [*msg.batch, batch] if isinstance(msg, wire.Hidden) else [batch]
+        self.send(self.to_drafter, wire.Anchors(
+            rid=slot.rid, epoch=slot.epoch, slot=sid, pos=pos, base=slot.base, tokens=tokens, t_ms=t_ms,
+            stage_ms=stage_ms, batch=batches, stage=self.index, count=len(tokens), anchors=dict(out.anchors)))
+        if not self.last:
+            self.send(self.to_next, wire.Hidden(
+                rid=slot.rid, epoch=slot.epoch, slot=sid, pos=pos, base=slot.base, tokens=tokens, t_ms=t_ms,
+                stage_ms=stage_ms, batch=batches, h=out.hidden))
+            return
+        # The exiting token's distribution, compactly: the decided token (greedy: argmax; gumbel:
+        # argmax(log p + G)), plus the processed support for rejection sampling.
+        last = pos + len(tokens) - 1  # the last position of this input
+        logits, params = out.logits[-1], slot.params
+        self.send(self.to_next, wire.Exit(
+            rid=slot.rid, epoch=slot.epoch, slot=sid, pos=last, base=slot.base, tokens=tokens, t_ms=t_ms,
+            stage_ms=stage_ms, batch=batches, argmax=decided_token(logits, params, last + 1),
+            dist=None if params.decided else wire.SparseDist.of(process(logits, params))))
 
 
-def _input_at(msg: wire.Message, pos: int) -> tuple[list[int], torch.Tensor]:
+def _input_at(msg: Input, pos: int) -> tuple[list[int], torch.Tensor]:
     """The input of `msg` that starts at `pos`: (token ids, stage input).
 
     A PREFILL runs the prompt in the chunks of `prefill_chunks` and, when it re-prefills after a
     fault, every generated token after it one at a time, exactly as they were first computed, so
     the rebuilt KV caches are bit-identical and greedy output cannot change.
     """
-    if msg.kind == "PREFILL":
-        ids = msg.tensors["ids"].to(torch.long)
-        split = int(msg.header.get("prompt_len", len(ids)))
+    if isinstance(msg, wire.Prefill):
+        ids = msg.ids.to(torch.long)
+        split = msg.prompt_len
         end = next((e for s, e in prefill_chunks(split) if s == pos), None) if pos < split else pos + 1
         if end is None or end > len(ids):
             raise ValueError(f"PREFILL of {len(ids)} tokens has no input at {pos}")
         return ids[pos:end].tolist(), ids[pos:end]
-    if msg.kind in ("RESEED", "DRAFT"):
-        token = int(msg.header["token"])
-        return [token], torch.tensor([token])
-    return list(msg.header["tokens"]), msg.tensors["h"].clone()
+    if isinstance(msg, (wire.Reseed, wire.Draft)):
+        return [msg.token], torch.tensor([msg.token])
+    return list(msg.tokens), msg.h.clone()
 
 
-def _end(msg: wire.Message) -> int:
+def _end(msg: Input) -> int:
     """The position after the last one a message's inputs cover."""
-    if msg.kind == "PREFILL":
-        return len(msg.tensors["ids"])
-    return msg.pos + (1 if msg.kind in ("RESEED", "DRAFT") else len(msg.header["tokens"]))
+    if isinstance(msg, wire.Prefill):
+        return len(msg.ids)
+    return msg.pos + (1 if isinstance(msg, (wire.Reseed, wire.Draft)) else len(msg.tokens))

@@ -68,9 +68,8 @@ class Worker:
             setattr(self, name, self._push(endpoint))
             self._connected[name] = endpoint
 
-    def reroute(self, routes: dict) -> None:
+    def reroute(self, topology: Topology) -> None:
         """Adopt the orchestrator's routes (a spare took a dead worker's place) before running a PREFILL."""
-        topology = Topology.from_dict(routes)
         if topology != self.topology:
             log.info("[route] %s %d: new routes %s", self.role, self.index, topology.to_json())
             self.topology = topology
@@ -81,10 +80,10 @@ class Worker:
         s.connect(endpoint)
         return s
 
-    def send(self, sock: zmq.Socket, kind: str, header: dict, tensors=None) -> None:
-        """header must name the request: rid, epoch, slot, pos (each worker keeps them per slot)."""
-        if not wire.send(sock, kind, header, tensors, timeout_ms=2000):
-            log.warning("[send] %s to a peer timed out (peer down?)", kind)
+    def send(self, sock: zmq.Socket, message: wire.Message) -> None:
+        """The message must name the request: rid, epoch, slot, pos (each worker keeps them per slot)."""
+        if not wire.send(sock, message, timeout_ms=2000):
+            log.warning("[send] %s to a peer timed out (peer down?)", message.kind)
 
     def run(self) -> None:
         """Loop until SIGTERM/SIGINT; the handlers only set a flag."""
@@ -126,9 +125,9 @@ class Worker:
             return None
 
     def _route_and_handle(self, msg: wire.Message) -> None:
-        if (msg.kind == "PREFILL" and "routes" in msg.header and msg.epoch > self._routes_epoch
+        if (isinstance(msg, wire.Prefill) and msg.routes is not None and msg.epoch > self._routes_epoch
                 and wire.plausible_epoch(msg.epoch)):
-            self.reroute(msg.header["routes"])
+            self.reroute(msg.routes)
             self._routes_epoch = msg.epoch
         self.handle(msg)
 
@@ -137,13 +136,16 @@ class Worker:
             fn(msg)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
             self.dropped["protocol"] += 1
-            where = f"{msg.kind} slot {msg.header.get('slot', 0)} pos {msg.header.get('pos')}" if msg else "compute"
+            where = f"{msg.kind} slot {msg.slot} pos {msg.pos}" if msg else "compute"
             log.error("[protocol] %s %d dropped %s: %s", self.role, self.index, where, e)
             # Loudly: the orchestrator recovers at once instead of waiting out its progress timeout.
-            about = {"rid": msg.header.get("rid", ""), "epoch": msg.header.get("epoch", 0), "slot": msg.header.get("slot", 0)} \
-                if msg else {"rid": "", "epoch": 0, "slot": None}
-            self.send(self.to_orch, "ERROR", {**about, "pos": 0, "role": self.role, "index": self.index,
-                                              "reason": f"{where}: {e}"[:500]})
+            reason = f"{where}: {e}"[:500]
+            if msg is None:
+                error = wire.Error(role=self.role, index=self.index, reason=reason, compute=True)
+            else:
+                error = wire.Error(rid=msg.rid, epoch=msg.epoch, slot=msg.slot, pos=msg.pos, role=self.role,
+                                   index=self.index, reason=reason)
+            self.send(self.to_orch, error)
 
     def handle(self, msg: wire.Message) -> None:
         raise NotImplementedError
@@ -165,17 +167,15 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         sock = self._push(self.topology.orchestrator)
         try:
-            kind = "HELLO"
+            beat: type[wire.Presence] = wire.Hello
             while not self.stop:
                 if supervisor_gone():
                     log.error("[stop] %s %d: the supervisor that started it is gone; exiting", self.role, self.index)
                     self.stop = True
                     break
-                wire.send(sock, kind, {"rid": "", "epoch": 0, "pos": 0, "role": self.role, "index": self.index,
-                                       "incarnation": self.incarnation, "pid": os.getpid(),
-                                       "endpoint": self.endpoint,
-                                       "dropped": dict(self.dropped)}, timeout_ms=0)
-                kind = "HEARTBEAT"
+                wire.send(sock, beat(role=self.role, index=self.index, incarnation=self.incarnation, pid=os.getpid(),
+                                     endpoint=self.endpoint, dropped=dict(self.dropped)), timeout_ms=0)
+                beat = wire.Heartbeat
                 time.sleep(settings.HEARTBEAT_S)
         finally:
             sock.close(linger=0)
