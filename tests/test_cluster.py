@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -14,8 +15,8 @@ import grpc
 import pytest
 import zmq
 
-from cluster_util import address, data_plane_push, running_cluster, wait_for
-from spd import wire
+from cluster_util import address, data_plane_push, metric, running_cluster, wait_for
+from spd import settings, wire
 from spd.core.engine import SPDEngine
 from spd.core.sampling import SamplingParams
 from spd.core.scripted import ScriptedDrafter
@@ -127,14 +128,9 @@ def test_a_forged_far_future_epoch_does_not_wedge_the_workers(tiny_chat_model, s
         ctx.destroy(linger=0)
 
 
-def _metric(cluster, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{cluster.cfg.metrics_port}/metrics", timeout=10).read().decode()
-    return sum(float(line.split()[1]) for line in text.splitlines() if line.split(" ")[0] == name)
-
-
 def test_rapidly_cancelled_streams_stop_at_once_and_the_next_request_does_not_queue(tiny_chat_model, shared_cluster):
     trials, read = 8, 3
-    before = _metric(shared_cluster, "spd_commits_total")
+    before = metric(shared_cluster, "spd_commits_total")
     with SPDClient(address(shared_cluster), timeout=60, retries=0) as client:
         for _ in range(trials):
             stream = client.stream(PROMPTS[0], max_tokens=400)
@@ -145,7 +141,7 @@ def test_rapidly_cancelled_streams_stop_at_once_and_the_next_request_does_not_qu
     assert ok.token_ids == ar_reference(tiny_chat_model, PROMPTS[1], 8)
     # Each abandoned request commits the tokens read plus what one driver step lets through, not
     # its 400 (before the fix every one ran to the end and the next request queued behind them).
-    commits = _metric(shared_cluster, "spd_commits_total") - before
+    commits = metric(shared_cluster, "spd_commits_total") - before
     assert commits <= trials * (read + 12) + 8, commits
     assert ok.stats["queue_ms"] < 1000, ok.stats["queue_ms"]
 
@@ -203,10 +199,15 @@ def test_a_ten_stage_pipeline_becomes_ready_and_matches_ar(tmp_path):
     # 11 workers beating every 0.5 s: the idle orchestrator must drain heartbeats faster than they come
     model = make_tiny_model(tmp_path / "tiny10", "llama", vocab_size=49152, num_layers=10, hidden_size=64,
                             tokenizer_from=resolve_model(None), init_std=0.5)
-    with running_cluster(tmp_path / "logs", n=10, model=str(model), draft="random") as cluster:
-        time.sleep(3)  # idle for several heartbeat timeouts: nobody may look dead
+    beats = 11 * math.ceil(3 * settings.HEARTBEAT_TIMEOUT_S / settings.HEARTBEAT_S)  # 3 timeouts' worth from each
+    with running_cluster(tmp_path / "logs", n=10, model=str(model), draft="random",
+                         metrics_port=free_ports(1)[0]) as cluster:
+        start = metric(cluster, "spd_worker_heartbeats_total")
+        wait_for(lambda: metric(cluster, "spd_worker_heartbeats_total") >= start + beats, 120,
+                 f"the orchestrator drains {beats} heartbeats while idle")
         with SPDClient(address(cluster), timeout=120) as client:
             got = client.generate(PROMPTS[0], max_tokens=12)
+        assert metric(cluster, "spd_recoveries_total") == 0  # nobody looked dead
     assert got.token_ids == ar_reference(model, PROMPTS[0], 12)
     assert got.stats["n"] == 10
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
+from spd.config import OrchestratorConfig, add_flags, from_args
 from spd.core.schedule import SCHEDULES
-from spd.runtime.gather import GATHER
 from spd.runtime.topology import Topology
 from spd import settings
 
@@ -31,7 +33,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=1, help="requests the pipeline decodes at once: a stage "
                    "runs single tokens, the drafter its drafts, at this fixed batch shape (batch-invariant); must "
                    "match the orchestrator's")
-    p.add_argument("--gather", type=float, default=GATHER, help="stage 1 and the drafter hold ready work while other "
+    p.add_argument("--gather", type=float, default=settings.GATHER, help="stage 1 and the drafter hold ready work while other "
                    "requests are decoding, for at most this many of their recent compute times, so that requests "
                    "run through the stages as one batch (0 = off)")
 
@@ -62,18 +64,9 @@ def add_parser(sub) -> None:
     sp.set_defaults(run=run_spare)
     orch = sub.add_parser("orchestrator", help="run the gRPC orchestrator")
     orch.add_argument("--topology", help="JSON (or @file); default $SPD_TOPOLOGY")
-    orch.add_argument("--model", help="model directory, for the tokenizer and config (default: embedded SmolLM2)")
-    orch.add_argument("--port", type=int, default=settings.GRPC_PORT, help="gRPC API port")
-    orch.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in pods)")
-    orch.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (default 0: off)")
-    orch.add_argument("--schedule", choices=SCHEDULES, default="pre", help="staircase schedule (default pre)")
-    orch.add_argument("--queue-size", type=int, default=settings.QUEUE_SIZE, help="requests waiting for a slot")
-    orch.add_argument("--max-concurrency", type=int, default=1, help="requests decoding at once (default 1)")
-    orch.add_argument("--draft", default="shipped", help="what the drafter runs, as GetInfo reports it (default shipped)")
-    orch.add_argument("--worker-wait", type=float, default=settings.WORKER_WAIT_S, help="seconds a request waits for a missing stage")
-    orch.add_argument("--tls-cert", help="PEM certificate: serve the API over TLS")
-    orch.add_argument("--tls-key", help="PEM private key for --tls-cert")
-    orch.add_argument("--token", default=settings.token(), help="require this bearer token ($SPD_TOKEN)")
+    add_flags(orch, OrchestratorConfig, skip=("topology",), aliases={"worker_wait_s": "--worker-wait"},
+              choices={"schedule": SCHEDULES})
+    orch.set_defaults(token=settings.token())
     orch.set_defaults(run=run_orchestrator)
 
 
@@ -96,7 +89,18 @@ def stage_index(arg: int | None, env=os.environ) -> int:
                      f"(hostname NAME-ORDINAL, HOSTNAME={env.get('HOSTNAME')!r})")
 
 
-def _setup(args):
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What every worker process loads before its role's tensors."""
+
+    topology: Topology  # where every process listens
+    model_dir: Path  # the target model
+    config: Any  # its HF config
+    split: Any  # PipelineSplit: which layers each stage holds
+    dtype: Any  # torch dtype of weights and activations
+
+
+def _setup(args) -> _Setup:
     import torch  # here, not at import: `spd --help` should not load torch
 
     from spd.local import make_split
@@ -107,7 +111,7 @@ def _setup(args):
     model_dir = resolve_model(args.model)
     config = load_config(model_dir)
     split = make_split(args.split, config.num_hidden_layers, topology.n)
-    return topology, model_dir, config, split, getattr(torch, args.dtype)
+    return _Setup(topology, model_dir, config, split, getattr(torch, args.dtype))
 
 
 def _serve_health(args):
@@ -132,21 +136,21 @@ def _serve_worker(worker, server, health) -> int:
     return 0
 
 
-def _stage(args, topology, model_dir, config, split, dtype, index: int):
+def _stage(args, s: _Setup, index: int):
     """Stage `index`'s tensors (or a compute-free stand-in for benchmarks)."""
     from spd.local import anchors_for
 
     if args.zero_compute:
         from spd.runtime.zero_stage import ZeroComputeStage
 
-        return ZeroComputeStage(index, topology.n, config.hidden_size, config.vocab_size, args.max_concurrency)
+        return ZeroComputeStage(index, s.topology.n, s.config.hidden_size, s.config.vocab_size, args.max_concurrency)
     from spd.core.stage import load_stage
 
-    return load_stage(model_dir, config, split.layers_of(index), anchors_for(args.draft, model_dir, split),
-                      args.device, dtype, rows=args.max_concurrency)
+    return load_stage(s.model_dir, s.config, s.split.layers_of(index), anchors_for(args.draft, s.model_dir, s.split),
+                      args.device, s.dtype, rows=args.max_concurrency)
 
 
-def _drafter_state(args, topology, model_dir, config, split, dtype):
+def _drafter_state(args, s: _Setup):
     """The PDM with the target's embedding (or, in tests, a scripted drafter)."""
     from spd.local import load_pdm
 
@@ -154,13 +158,13 @@ def _drafter_state(args, topology, model_dir, config, split, dtype):
         from spd.core.scripted import ScriptedDrafter
 
         script = [int(t) for t in args.script.split(",")]
-        return ScriptedDrafter([], config.vocab_size, wrong_every=args.script_wrong_every, continuation=script,
-                               n=topology.n)
+        return ScriptedDrafter([], s.config.vocab_size, wrong_every=args.script_wrong_every, continuation=script,
+                               n=s.topology.n)
     from spd.core.drafter import DrafterState
     from spd.core.stage import load_embedding
 
-    pdm = load_pdm(args.draft, model_dir, config, split, args.ls, args.device, dtype)
-    return DrafterState(pdm, load_embedding(model_dir, config, args.device, dtype), split, rows=args.max_concurrency)
+    pdm = load_pdm(args.draft, s.model_dir, s.config, s.split, args.ls, args.device, s.dtype)
+    return DrafterState(pdm, load_embedding(s.model_dir, s.config, args.device, s.dtype), s.split, rows=args.max_concurrency)
 
 
 def run_stage(args) -> int:
@@ -168,11 +172,12 @@ def run_stage(args) -> int:
 
     args.index = stage_index(args.index)
     setup = _setup(args)
-    topology = setup[0]
-    if args.of != topology.n or not 1 <= args.index <= topology.n:
-        raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {topology.n} stages")
+    n = setup.topology.n
+    if args.of != n or not 1 <= args.index <= n:
+        raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {n} stages")
     server, health = _serve_health(args)
-    return _serve_worker(StageWorker(topology, args.index, _stage(args, *setup, args.index), gather=args.gather), server, health)
+    return _serve_worker(StageWorker(setup.topology, args.index, _stage(args, setup, args.index), gather=args.gather),
+                         server, health)
 
 
 def run_drafter(args) -> int:
@@ -180,7 +185,7 @@ def run_drafter(args) -> int:
 
     setup = _setup(args)
     server, health = _serve_health(args)
-    return _serve_worker(DrafterWorker(setup[0], _drafter_state(args, *setup), gather=args.gather), server, health)
+    return _serve_worker(DrafterWorker(setup.topology, _drafter_state(args, setup), gather=args.gather), server, health)
 
 
 def run_spare(args) -> int:
@@ -197,20 +202,20 @@ def run_spare(args) -> int:
         from spd.runtime.health import SERVING
 
         health.set("", SERVING)
-    spare = Spare(setup[0], args.endpoint, args.spare_id)
+    spare = Spare(setup.topology, args.endpoint, args.spare_id)
     try:
         a = spare.wait_for_role()
         if a is None:
             return 0
         if args.role_file:  # tells `spd up` which role this process now has (its state file)
             args.role_file.write_text(f"{a.role}-{a.index}" if a.role == "stage" else a.role)
-        topology = a.routes
-        setup = (topology, *setup[1:])
+        setup = dataclasses.replace(setup, topology=a.routes)
+        worker: StageWorker | DrafterWorker
         if a.role == "stage":
-            worker = StageWorker(topology, a.index, _stage(args, *setup, a.index), args.endpoint, spare,
+            worker = StageWorker(a.routes, a.index, _stage(args, setup, a.index), args.endpoint, spare,
                                  gather=args.gather)
         else:
-            worker = DrafterWorker(topology, _drafter_state(args, *setup), args.endpoint, spare, gather=args.gather)
+            worker = DrafterWorker(a.routes, _drafter_state(args, setup), args.endpoint, spare, gather=args.gather)
         worker.run()
     finally:
         if server:
@@ -219,13 +224,10 @@ def run_spare(args) -> int:
 
 
 def run_orchestrator(args) -> int:
-    from spd.runtime.orchestrator import OrchestratorConfig, serve
+    from spd.runtime.orchestrator import serve
 
     import torch
 
     torch.set_num_threads(1)
-    serve(OrchestratorConfig(Topology.from_arg(args.topology), args.model, args.port, args.host, args.metrics_port,
-                             args.schedule, args.queue_size, max_concurrency=args.max_concurrency,
-                             worker_wait_s=args.worker_wait,
-                             tls_cert=args.tls_cert, tls_key=args.tls_key, token=args.token, draft=args.draft))
+    serve(from_args(OrchestratorConfig, args, topology=Topology.from_arg(args.topology)))
     return 0

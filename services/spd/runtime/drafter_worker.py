@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
-from spd import wire
+from spd import settings, wire
 from spd.core.drafter import Drafter
 from spd.core.sampling import SamplingParams
-from spd.runtime.gather import GATHER, Gather
+from spd.runtime.gather import Gather
 from spd.runtime.topology import Topology
 from spd.runtime.worker import MAX_PENDING, Worker
 
@@ -53,7 +53,7 @@ class DrafterWorker(Worker):
     to_stage1: zmq.Socket
 
     def __init__(self, topology: Topology, state: Drafter, endpoint: str | None = None,
-                 handover: Worker | None = None, gather: float = GATHER):
+                 handover: Worker | None = None, gather: float = settings.GATHER):
         super().__init__(topology, endpoint or topology.drafter, 0, handover)
         self.state = state  # the prototype: slot k drafts with state.fork()
         self.slots: dict[int, _Slot] = {}

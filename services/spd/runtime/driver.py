@@ -119,6 +119,7 @@ class Driver:
     def _register(self, beat: wire.Presence) -> None:
         """A HELLO / HEARTBEAT: liveness, restarts, spares, and where a (re)started worker listens."""
         role, index, endpoint = beat.role, beat.index, beat.endpoint
+        metrics.HEARTBEATS.inc()
         if role not in ("stage", "drafter", "spare") or (role == "stage" and not 1 <= index <= self.n):
             return
         status = self.registry.beat(role, index, beat.incarnation, beat.pid, endpoint)

@@ -10,12 +10,13 @@ stage as one batch. It changes only when work runs, never what it computes (batc
 
 from __future__ import annotations
 
-GATHER = 2.0  # default factor: wait at most this many recent compute times for the rest of a batch
+from spd import settings
+
 EWMA = 0.2  # weight of the newest compute time in the running estimate
 
 
 class Gather:
-    def __init__(self, factor: float = GATHER):
+    def __init__(self, factor: float = settings.GATHER):
         self.factor = factor  # 0 turns gathering off
         self.cost_s = 0.0  # running estimate of one compute (forward or draft), seconds
         self._since: float | None = None  # when the work now held first became ready

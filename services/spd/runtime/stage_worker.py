@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
-from spd import wire
+from spd import settings, wire
 from spd.core.sampling import SamplingParams, decided_token, process
 from spd.core.stage import Stage
 from spd.core.target import prefill_chunks
-from spd.runtime.gather import GATHER, Gather
+from spd.runtime.gather import Gather
 from spd.runtime.topology import Topology
 from spd.runtime.worker import MAX_PENDING, Worker
 
@@ -50,7 +50,7 @@ class StageWorker(Worker):
     to_drafter: zmq.Socket
 
     def __init__(self, topology: Topology, index: int, stage: Stage, endpoint: str | None = None,
-                 handover: Worker | None = None, gather: float = GATHER):
+                 handover: Worker | None = None, gather: float = settings.GATHER):
         self.first, self.last = index == 1, index == topology.n
         super().__init__(topology, endpoint or topology.stages[index - 1], index, handover)
         self.stage = stage

@@ -64,7 +64,8 @@ def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_
     the list is cached under $SPD_CACHE/selfgen/ (callers check `fingerprint` against the data)."""
     from spd.models.loading import cache_dir
 
-    key = hashlib.sha256(json.dumps([getattr(tokenizer, "name_or_path", ""), len(tokenizer), split, max_prompt,
+    model = Path(getattr(tokenizer, "name_or_path", "")).name  # the model's name, not where this machine keeps it
+    key = hashlib.sha256(json.dumps([model, len(tokenizer), split, max_prompt,
                                      sample_frac, sample_temp, seed, block]).encode()).hexdigest()[:16]
     path = cache_dir() / "selfgen" / f"jobs-{key}.npz"
     if path.exists():
@@ -74,7 +75,8 @@ def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_
     jobs = _build_jobs(tokenizer, split, max_prompt, sample_frac, sample_temp, seed, block)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, ids=np.concatenate([np.asarray(j.prompt, np.int32) for j in jobs]),
+    ids_dtype = np.uint16 if len(tokenizer) <= 65536 else np.int32
+    np.savez_compressed(tmp, ids=np.concatenate([np.asarray(j.prompt, ids_dtype) for j in jobs]),
              offsets=np.concatenate([[0], np.cumsum([len(j.prompt) for j in jobs])]).astype(np.int64),
              temps=np.asarray([j.temperature for j in jobs], np.float64))
     os.replace(tmp, path)
