@@ -87,3 +87,15 @@ def run_eagle3(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(Path(cfg.out) / "draft"), "tokens_seen": draft.config.trained_tokens,
                       "heldout_p_per_step": notes.get("heldout_p_per_step")}))
     return 0
+
+
+if __name__ == "__main__":  # `python -m spd.commands.train ...`: without the rest of the CLI (a GPU box without pyzmq)
+    import logging
+    import sys
+
+    from spd.cli import Parser
+
+    parser = Parser(prog="python -m spd.commands.train")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.exit(run(parser.parse_args(["train", *sys.argv[1:]])))

