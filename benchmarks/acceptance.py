@@ -17,7 +17,7 @@ from tqdm import tqdm
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.eval.acceptance import ar_with_anchors, replay
 from spd.eval.prompts import SETS, load
-from spd.local import PipelineConfig, build_local
+from spd.pipeline import PipelineConfig, build_local
 from spd.text import encode_prompt
 from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 

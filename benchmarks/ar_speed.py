@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM
 
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule
-from spd.core.target import ar_generate, run_through
-from spd.local import PipelineConfig, build_local
+from spd.core.target import run_through
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.text import encode_prompt
 from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 

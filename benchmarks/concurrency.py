@@ -32,7 +32,7 @@ from cluster_util import address, running_cluster  # noqa: E402
 from spd.core.engine import Request, SPDEngine  # noqa: E402
 from spd.core.sampling import SamplingParams  # noqa: E402
 from spd.core.stopping import StopRule, eos_ids_of  # noqa: E402
-from spd.local import PipelineConfig, build_local  # noqa: E402
+from spd.pipeline import PipelineConfig, build_local  # noqa: E402
 from spd.text import encode_prompt  # noqa: E402
 from spd_client import SPDClient  # noqa: E402
 from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)

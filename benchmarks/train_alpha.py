@@ -17,8 +17,8 @@ import torch
 from spd.core.engine import SPDEngine
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate
-from spd.local import PipelineConfig, build_local
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.train.data import load_sharegpt, prompt_ids, split_conversations
 
 

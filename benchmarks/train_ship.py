@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from spd.local import SHIPPED_DRAFTS
+from spd.pipeline import SHIPPED_DRAFTS
 
 
 def _history(run: Path) -> list[dict]:
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         f"# PDM for {args.model_name} (n = {cfg['trained_n']}, L_s = {cfg['num_layers']}, {cfg['schedule']}-step)",
         "",
         "Pipeline Draft Module shipped with SPD and loaded by default by `spd generate` / the local "
-        "pipeline (`spd.local.shipped_draft_for`). Trained on a 2-core CPU in one session with "
+        "pipeline (`spd.pipeline.shipped_draft_for`). Trained on a 2-core CPU in one session with "
         "`spd train` (services/spd/train); see the issue-4 note for the full story.",
         "",
         "## Shape",

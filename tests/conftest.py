@@ -10,7 +10,8 @@ import torch
 from spd.core.sampling import SamplingParams
 from spd.core.split import default_anchors, uniform_split
 from spd.core.stopping import StopRule
-from spd.core.target import ar_generate, load_pipeline
+from spd.core.target import load_pipeline
+from spd.core.ar import ar_generate
 from spd.models.loading import load_config, resolve_model
 from spd.models.tiny import make_tiny_model
 

@@ -21,8 +21,8 @@ from spd.core.engine import SPDEngine
 from spd.core.sampling import SamplingParams
 from spd.core.scripted import ScriptedDrafter
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate
-from spd.local import PipelineConfig, build_local
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
 from spd.runtime.health import check

@@ -18,8 +18,9 @@ from spd.core.engine import Request, SPDEngine
 from spd.core.sampling import SamplingParams
 from spd.core.scripted import ScriptedDrafter
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import PREFILL_CHUNK, ar_generate
-from spd.local import PipelineConfig, build_local
+from spd.core.target import PREFILL_CHUNK
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.text import encode_prompt
 from spd_client import SPDClient
 

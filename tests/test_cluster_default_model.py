@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from cluster_util import address, metric, pid_of, rss_mb, running_cluster, supervised, wait_for
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate
-from spd.local import PipelineConfig, build_local
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.runtime.topology import free_ports
 from spd.text import encode_prompt
 from spd_client import SPDClient

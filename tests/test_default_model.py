@@ -9,8 +9,8 @@ import pytest
 from spd.core.engine import SPDEngine
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate
-from spd.local import PipelineConfig, build_local
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.text import encode_prompt
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a CPU cache is."]

@@ -9,7 +9,8 @@ import torch
 from conftest import ar_tokens, pipeline
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule
-from spd.core.target import ar_generate, run_through
+from spd.core.target import run_through
+from spd.core.ar import ar_generate
 from spd.eagle.drafter import EagleDrafter
 from spd.eagle.engine import EagleEngine, tau
 from spd.eagle.model import EagleDraft, random_eagle

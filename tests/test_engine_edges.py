@@ -60,7 +60,7 @@ def test_prompts_that_are_empty_or_over_the_context_limit_are_refused(tiny_dir):
 
 
 def test_a_stop_string_ends_generation(default_model_dir):
-    from spd.local import PipelineConfig, build_local
+    from spd.pipeline import PipelineConfig, build_local
     from spd.text import encode_prompt
 
     local = build_local(PipelineConfig(n=2, draft="random"))

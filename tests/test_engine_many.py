@@ -18,7 +18,7 @@ from spd.core.sampling import SamplingParams
 from spd.core.split import default_anchors
 from spd.core.stopping import StopRule
 import spd.core.target as target
-from spd.core.target import ar_generate
+from spd.core.ar import ar_generate
 
 ROWS = 8
 

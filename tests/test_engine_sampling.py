@@ -18,9 +18,9 @@ from conftest import pipeline
 from spd.core.drafter import DrafterState
 from spd.core.engine import SPDEngine
 from spd.core.pdm import random_pdm
-from spd.core.sampling import SamplingParams, process
+from spd.core.sampling import SamplingParams, sampling_probs
 from spd.core.stopping import StopRule
-from spd.core.target import ar_generate
+from spd.core.ar import ar_generate
 
 PROMPT = [1, 4, 2]
 V, STEPS, R = 6, 3, 1500
@@ -34,7 +34,7 @@ def _exact_distribution(model_dir, params) -> dict[tuple, float]:
         for seq, pr in probs.items():
             with torch.no_grad():
                 logits = model(torch.tensor([PROMPT + list(seq)])).logits[0, -1]
-            for tok, pt in enumerate(process(logits, params).tolist()):
+            for tok, pt in enumerate(sampling_probs(logits, params).tolist()):
                 if pt > 0:
                     nxt[seq + (tok,)] = pr * pt
         probs = nxt

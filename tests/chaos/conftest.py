@@ -9,8 +9,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spd.core.sampling import SamplingParams  # noqa: E402
 from spd.core.stopping import StopRule, eos_ids_of  # noqa: E402
-from spd.core.target import ar_generate  # noqa: E402
-from spd.local import PipelineConfig, build_local  # noqa: E402
+from spd.core.ar import ar_generate  # noqa: E402
+from spd.pipeline import PipelineConfig, build_local  # noqa: E402
 from spd.text import encode_prompt  # noqa: E402
 
 PROMPT = "tell me a long story about a lighthouse"

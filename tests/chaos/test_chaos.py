@@ -17,8 +17,8 @@ import pytest
 from cluster_util import address, pid_of, running_cluster, supervised, wait_for
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate
-from spd.local import PipelineConfig, build_local
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.runtime.health import check
 from spd.text import encode_prompt
 from spd_client import SPDClient

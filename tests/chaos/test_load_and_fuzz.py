@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from cluster_util import address, pid_of, running_cluster
 from spd.core.sampling import SamplingParams
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate
-from spd.local import PipelineConfig, build_local
+from spd.core.ar import ar_generate
+from spd.pipeline import PipelineConfig, build_local
 from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
 from spd.runtime.health import check

@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from spd.core.results import Generation, Stats
     from spd.core.sampling import SamplingParams
     from spd.core.stopping import StopRule, eos_ids_of
-    from spd.core.target import ar_stream
-    from spd.local import PipelineConfig, build_local
+    from spd.core.ar import ar_stream
+    from spd.pipeline import PipelineConfig, build_local
     from spd.text import TextStream, encode_prompt
 
     req = _validated(args)

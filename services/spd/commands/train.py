@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(Path(cfg.out) / "pdm"), "tokens_seen": notes.get("tokens_seen"),
                       "heldout_p": notes.get("heldout_p"), "heldout_loss": notes.get("heldout_loss")}))
     if args.ship:
-        from spd.local import SHIPPED_DRAFTS
+        from spd.pipeline import SHIPPED_DRAFTS
         from spd.models.loading import resolve_model
 
         dest = SHIPPED_DRAFTS / resolve_model(args.model).name

@@ -103,7 +103,7 @@ class _Setup:
 def _setup(args) -> _Setup:
     import torch  # here, not at import: `spd --help` should not load torch
 
-    from spd.local import make_split
+    from spd.pipeline import make_split
     from spd.models.loading import load_config, resolve_model
 
     torch.set_num_threads(args.threads)
@@ -138,7 +138,7 @@ def _serve_worker(worker, server, health) -> int:
 
 def _stage(args, s: _Setup, index: int):
     """Stage `index`'s tensors (or a compute-free stand-in for benchmarks)."""
-    from spd.local import anchors_for
+    from spd.pipeline import anchors_for
 
     if args.zero_compute:
         from spd.runtime.zero_stage import ZeroComputeStage
@@ -152,7 +152,7 @@ def _stage(args, s: _Setup, index: int):
 
 def _drafter_state(args, s: _Setup):
     """The PDM with the target's embedding (or, in tests, a scripted drafter)."""
-    from spd.local import load_pdm
+    from spd.pipeline import load_pdm
 
     if args.script:
         from spd.core.scripted import ScriptedDrafter

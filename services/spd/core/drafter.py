@@ -31,7 +31,7 @@ from spd.core.kv_cache import KVCache
 from spd.core.masks import causal_mask
 from spd.core.pdm import PDM
 from spd.core.row_attention import RowsCache
-from spd.core.sampling import STREAM_DRAFT, SamplingParams, coupled_sample, keyed_generator, process, sample
+from spd.core.sampling import STREAM_DRAFT, SamplingParams, coupled_sample, keyed_generator, sampling_probs, sample
 from spd.core.split import PipelineSplit
 
 
@@ -166,7 +166,7 @@ class DrafterState:
         if params.greedy:
             return Draft(position, int(d2t[int(torch.argmax(logits))]), None, fill)
         q = torch.zeros(self.pdm.config.target_vocab)
-        q[d2t.cpu()] = process(logits, params)
+        q[d2t.cpu()] = sampling_probs(logits, params)
         if params.coupling == "gumbel":  # same noise as the target: judged by equality, q not needed
             return Draft(position, coupled_sample(q, params.seed, position), None, fill)
         return Draft(position, sample(q, keyed_generator(params.seed, position, STREAM_DRAFT)), q, fill)

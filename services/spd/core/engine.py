@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Run:
+class _Decoding:
     verifier: Verifier  # committed tokens, waiting drafts, judgement and stop rules
     tokens: list[int]  # committed prefix + in-flight tokens (+ a draft waiting for stage 1)
     slots: list  # slots[j] = (position, input) for stage j+1, or None
@@ -95,7 +95,7 @@ class SPDEngine:
         """
         join_at = join_at or [0] * len(requests)
         waiting = sorted(range(len(requests)), key=lambda i: join_at[i])
-        runs: dict[int, _Run] = {}
+        runs: dict[int, _Decoding] = {}
         done: dict[int, Generation] = {}
         started: dict[int, float] = {}
         cycle = 0
@@ -119,7 +119,7 @@ class SPDEngine:
 
     # -- phases -------------------------------------------------------------------------------
 
-    def _start(self, request: Request, slot: int, drafter, stats: Stats | None, trace: list | None) -> _Run:
+    def _start(self, request: Request, slot: int, drafter, stats: Stats | None, trace: list | None) -> _Decoding:
         """Prefill one request into `slot`; the run holds its first token."""
         prompt_ids, params, stop = request
         check_prompt(prompt_ids, self.stages)
@@ -136,7 +136,7 @@ class SPDEngine:
         out = prefill(self.stages, ids, on_stage, slot)
         verifier = Verifier(list(prompt_ids), params, stop, max_new_tokens(len(prompt_ids), stop, self.stages), self.n)
         first = verifier.first(out.last_logits)
-        run = _Run(verifier, list(verifier.tokens), [None] * self.n, slot, drafter, stats,
+        run = _Decoding(verifier, list(verifier.tokens), [None] * self.n, slot, drafter, stats,
                    trace if trace is not None else [], finish=first.finish)
         if run.finish is None:
             self._reseed(run, first.position, first.token)
@@ -144,7 +144,7 @@ class SPDEngine:
         stats.prefill_s = time.perf_counter() - t0
         return run
 
-    def _cycle(self, runs: list[_Run]) -> list[int | None]:
+    def _cycle(self, runs: list[_Decoding]) -> list[int | None]:
         """One lockstep cycle of every run. Returns the token each committed, or None (refill)."""
         records = []
         for run in runs:
@@ -171,7 +171,7 @@ class SPDEngine:
                 run.trace.append(record)
         return committed
 
-    def _forward_stages(self, runs: list[_Run]) -> list[tuple[int, torch.Tensor] | None]:
+    def _forward_stages(self, runs: list[_Decoding]) -> list[tuple[int, torch.Tensor] | None]:
         """Every occupied stage forwards the token each run holds for it (one batched forward per
         stage, at most `rows` tokens each); returns each run's exiting (position, logits [V]) or None."""
         exits: list = [None] * len(runs)
@@ -196,7 +196,7 @@ class SPDEngine:
                         run.slots[j + 1] = (pos, out.hidden)
         return exits
 
-    def _judge(self, run: _Run, pos: int, logits: torch.Tensor, record: dict) -> int:
+    def _judge(self, run: _Decoding, pos: int, logits: torch.Tensor, record: dict) -> int:
         """The token at `pos` left stage n: its distribution decides position pos+1. Commit it."""
         v = run.verifier.judge(pos, logits)
         run.stats.accepts, run.stats.rejects = run.verifier.accepts, run.verifier.rejects
@@ -212,7 +212,7 @@ class SPDEngine:
             self._reseed(run, v.position, v.token)
         return v.token
 
-    def _reseed(self, run: _Run, pos: int, token: int) -> None:
+    def _reseed(self, run: _Decoding, pos: int, token: int) -> None:
         """Truncate the run's KV caches and drafter to `pos`, flush, and put `token` into stage 1."""
         for stage in self.stages:
             stage.truncate(pos, run.slot)
@@ -223,7 +223,7 @@ class SPDEngine:
             run.drafter.truncate(pos)
             run.drafter.enter(pos, torch.tensor([token]))
 
-    def _draft(self, runs: list[tuple[_Run, dict]]) -> None:
+    def _draft(self, runs: list[tuple[_Decoding, dict]]) -> None:
         """Ask each run's drafter for its next token, all in one batched draft; a draft waits in
         `tokens` until the cycle's verdict."""
         wanting = [(run, record) for run, record in runs
@@ -249,7 +249,7 @@ class SPDEngine:
             run.verifier.offer(next_pos, draft.token, draft.q)
             record.update(drafted=draft.token, fill=draft.fill)
 
-    def _admit_draft(self, run: _Run) -> None:
+    def _admit_draft(self, run: _Decoding) -> None:
         """A draft that survived the cycle's verdict enters stage 1."""
         pos, run.waiting = run.waiting, None
         if pos is not None and run.finish is None and run.drafter is not None:

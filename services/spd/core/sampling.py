@@ -54,7 +54,7 @@ def keyed_generator(seed: int, position: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] >> 1))
 
 
-def process(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits: [V] -> probabilities [V] after temperature, top-k and top-p (float32, on CPU)."""
     logits = logits.float().cpu() / params.temperature
     if 0 < params.top_k < logits.numel():
@@ -89,7 +89,7 @@ def choose(logits: torch.Tensor, params: SamplingParams, position: int, stream: 
     """Pick the token for `position` from logits [V]: argmax, or a keyed sample. Returns (token, probs)."""
     if params.greedy:
         return int(torch.argmax(logits)), None
-    probs = process(logits, params)
+    probs = sampling_probs(logits, params)
     if params.coupling == "gumbel":
         return coupled_sample(probs, params.seed, position), probs
     return sample(probs, keyed_generator(params.seed, position, stream)), probs

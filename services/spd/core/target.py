@@ -1,7 +1,5 @@
-"""The target model as an in-process chain of stages, with prefill and greedy/sampled AR decoding.
-
-`ar_generate` is the reference decoder: our own KV-cache loop (not `generate()`), one token per
-forward, so SPD and AR run exactly the same per-token arithmetic.
+"""The target model as an in-process chain of stages: loading, prefill, pushing tokens through, and
+the context-length rules. (The AR reference decoder built on it is spd.core.ar.)
 
 Prompts run in chunks of at most PREFILL_CHUNK tokens (`prefill_chunks`: the one rule, used by
 `prefill` here and by the stage processes), so a long prompt joining a running pipeline shares the
@@ -11,14 +9,10 @@ same chunks, hence the same numbers.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
-from spd.core.results import Generation, Stats
-from spd.core.sampling import SamplingParams, choose
 from spd.core.split import PipelineSplit
 from spd.core.stage import Stage, StageOutput, load_stage
 from spd.core.stopping import StopRule
@@ -80,36 +74,3 @@ def check_prompt(prompt_ids: list[int], stages: list[Stage]) -> None:
 def max_new_tokens(prompt_len: int, stop: StopRule, stages: list[Stage]) -> int:
     """Tokens that fit: the last generated token never needs a forward, so ctx - P + 1."""
     return min(stop.max_tokens, context_limit(stages) - prompt_len + 1)
-
-
-def ar_stream(stages: list[Stage], prompt_ids: list[int], params: SamplingParams, stop: StopRule,
-              stats: Stats | None = None) -> Iterator[int]:
-    """Greedy or sampled AR decoding; yields each generated token; fills `stats`."""
-    check_prompt(prompt_ids, stages)
-    stats = stats if stats is not None else Stats()
-    stats.stage_s = [0.0] * len(stages)
-    for s in stages:
-        s.truncate(0)
-    limit = StopRule(max_new_tokens(len(prompt_ids), stop, stages), stop.eos_ids, stop.stop, stop.tokenizer)
-    t0 = time.perf_counter()
-    out = prefill(stages, torch.tensor(prompt_ids))
-    stats.prefill_s = time.perf_counter() - t0
-    generated: list[int] = []
-    pos = len(prompt_ids)
-    while True:
-        token, _ = choose(out.last_logits, params, pos)
-        generated.append(token)
-        stats.generated_tokens = len(generated)
-        yield token
-        if limit.finish_reason(generated):
-            break
-        out = run_through(stages, torch.tensor([token]), pos)
-        stats.cycles += 1
-        pos += 1
-    stats.decode_s = time.perf_counter() - t0 - stats.prefill_s
-
-
-def ar_generate(stages: list[Stage], prompt_ids: list[int], params: SamplingParams, stop: StopRule) -> Generation:
-    stats = Stats(n=1)
-    tokens = list(ar_stream(stages, prompt_ids, params, stop, stats))
-    return Generation(tokens, stop.finish_reason(tokens) or "length", stats)

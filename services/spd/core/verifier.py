@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spd.core.sampling import STREAM_TARGET, SamplingParams, decided_token, keyed_generator, process, sample, verify
+from spd.core.sampling import STREAM_TARGET, SamplingParams, decided_token, keyed_generator, sampling_probs, sample, verify
 from spd.core.stopping import StopRule
 
 
@@ -90,7 +90,7 @@ class Verifier:
             if argmax is None:  # the target's decided token (greedy / gumbel); stage n may send it ready
                 argmax = decided_token(logits, self.params, judged)
             if p is None and not self.params.decided:
-                p = process(logits, self.params)
+                p = sampling_probs(logits, self.params)
         if judged in self.drafts:
             draft, q = self.drafts.pop(judged)
             accepted, token = verify(p, argmax, draft, q, self.params, judged)

@@ -32,7 +32,8 @@ from spd.core.schedule import staircase_offset
 from spd.core.split import uniform_split
 from spd.core.stage import Stage
 from spd.core.stopping import StopRule
-from spd.core.target import ar_generate, load_pipeline
+from spd.core.target import load_pipeline
+from spd.core.ar import ar_generate
 from spd.eval.acceptance import _commit
 
 OVERHEAD_FILE = Path("benchmarks/results/runtime_overhead.json")

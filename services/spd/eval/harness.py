@@ -24,13 +24,14 @@ from spd.core.pdm import PDM
 from spd.core.sampling import SamplingParams
 from spd.core.split import uniform_split
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.target import ar_generate, load_pipeline
+from spd.core.target import load_pipeline
+from spd.core.ar import ar_generate
 from spd.eval import costs as C
 from spd.eval import prompts as prompt_sets
 from spd.eval.acceptance import ar_trace, replay
 from spd.eval.methods import Method
 from spd.eval.sampled import estimate
-from spd.local import shipped_draft_for
+from spd.pipeline import shipped_draft_for
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.text import encode_prompt
 

@@ -20,7 +20,7 @@ import torch
 import zmq
 
 from spd import settings, wire
-from spd.core.sampling import SamplingParams, decided_token, process
+from spd.core.sampling import SamplingParams, decided_token, sampling_probs
 from spd.core.stage import Stage
 from spd.core.target import prefill_chunks
 from spd.runtime.gather import Gather
@@ -193,7 +193,7 @@ class StageWorker(Worker):
         self.send(self.to_next, wire.Exit(
             rid=slot.rid, epoch=slot.epoch, slot=sid, pos=last, base=slot.base, tokens=tokens, t_ms=t_ms,
             stage_ms=stage_ms, batch=batches, argmax=decided_token(logits, params, last + 1),
-            dist=None if params.decided else wire.SparseDist.of(process(logits, params))))
+            dist=None if params.decided else wire.SparseDist.of(sampling_probs(logits, params))))
 
 
 def _input_at(msg: Input, pos: int) -> tuple[list[int], torch.Tensor]:
