@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu/device.sh stash   call 1: park what it carried in .device-keep/ (kept between calls)
 #   bash benchmarks/gpu/device.sh run     call 2: rebuild the GGUF, self-generate ids for GEN_S seconds,
 #                                         train the PDM on all ids (online teacher features), pack $OUT
-# Settings (environment): DEVICE (cuda), GEN_S (240), GEN_BATCH (256), TRAIN_TOKENS (0 = one pass over
+# Settings (environment): DEVICE (cuda), GEN_S (240), GEN_BATCH (256), GEN_MAX_NEW (256), TRAIN_TOKENS (0 = one pass over
 # every id), TRAIN_S (240, a safety stop), THREADS (8), PYTHONPATH_EXTRA (the dry run's blocked zmq).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,7 +34,7 @@ run() {
   log "self-generating for ${GEN_S:-240} s on $dev"
   local rc=0
   timeout -s INT "${GEN_S:-240}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-256}" \
-    --threads "${THREADS:-8}" --out $IDS || rc=$?
+    --max-new "${GEN_MAX_NEW:-256}" --threads "${THREADS:-8}" --out $IDS || rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 124 ] || { log "self-generation failed ($rc)"; exit $rc; }  # 124: the time is up
   log "training on $dev"
   python -m spd.commands.train --device "$dev" --n 5 --ls 1 --lr 1.5e-3 --vocab 16384 --batch-tokens 1024 \

@@ -169,7 +169,7 @@ def dryrun() -> None:
     out = stage / "OUT"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "GEN_S": "90", "TRAIN_TOKENS": "4000", "TRAIN_S": "300",
-           "GEN_BATCH": "16", "THREADS": "2", "PYTHONPATH_EXTRA": str(blocked.parent)}
+           "GEN_BATCH": "16", "GEN_MAX_NEW": "24", "THREADS": "2", "PYTHONPATH_EXTRA": str(blocked.parent)}
     env.pop("PYTHONPATH", None)
     for carry, command in CALLS:
         for p in carry:
@@ -188,6 +188,11 @@ def dryrun() -> None:
     before = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
     unpack(out, scratch)
     after = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
+    from spd.core.pdm import PDM
+
+    pdm = PDM.load(scratch / "runs" / "gpu" / "pdm")
+    assert after > before, "the device run generated nothing"
+    print(f"[dryrun] the returned PDM loads: trained on {pdm.config.notes['tokens_seen']} tokens")
     print(f"[dryrun] ok: {after - before} new tokens unpacked; staged at {stage}, unpacked at {scratch}")
 
 
