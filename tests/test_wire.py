@@ -286,7 +286,7 @@ def test_float_fields_take_ints_and_give_floats():
 
 def test_oversized_header_is_rejected_before_unpacking(monkeypatch):
     big = msgpack.packb({**CANCEL, "rid": "x" * 2000})
-    monkeypatch.setattr(wire, "MAX_HEADER_BYTES", 1000)
+    monkeypatch.setattr(wire.codec, "MAX_HEADER_BYTES", 1000)  # where decode and encode read it
     with pytest.raises(WireError, match="header .* bytes > 1000"):
         decode([b"CANCEL", big])
     with pytest.raises(WireError, match="header .* bytes > 1000"):
@@ -294,7 +294,7 @@ def test_oversized_header_is_rejected_before_unpacking(monkeypatch):
 
 
 def test_oversized_message_is_rejected(monkeypatch):
-    monkeypatch.setattr(wire, "MAX_MESSAGE_BYTES", 1024)
+    monkeypatch.setattr(wire.codec, "MAX_MESSAGE_BYTES", 1024)
     with pytest.raises(WireError, match="message .* bytes > 1024"):
         encode(wire.Hidden(base=0, tokens=[1], h=torch.zeros(512)))
     frames = hidden(entry(shape=(512,)), frames=(b"\0" * 2048,))
