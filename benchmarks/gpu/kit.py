@@ -163,6 +163,8 @@ def dryrun() -> None:
         (stage / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, stage / f)
     _shrink_ids(stage / IDS, jobs=40)  # a CPU cannot prefill 1.4M tokens in a dry run
+    scratch = Path(tempfile.mkdtemp(prefix="spd-unpack-"))  # where `unpack` goes: the ids as the run found them
+    shutil.copytree(stage / IDS, scratch / IDS)
     blocked = stage / ".device-keep" / "blocked" / "zmq"
     blocked.mkdir(parents=True)
     (blocked / "__init__.py").write_text('raise ImportError("no pyzmq on the device")\n')
@@ -183,8 +185,6 @@ def dryrun() -> None:
     back = sorted(out.iterdir())
     print("[dryrun] came back:", [(p.name, p.stat().st_size) for p in back])
     assert len(back) <= 8 and all(p.stat().st_size <= 16 << 20 for p in back), "over the limits on what comes back"
-    scratch = Path(tempfile.mkdtemp(prefix="spd-unpack-"))
-    shutil.copytree(ROOT / IDS, scratch / IDS)
     before = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
     unpack(out, scratch)
     after = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
