@@ -312,7 +312,7 @@ def test_container_args_parse_with_the_real_cli_after_env_expansion(variant):
                 assert ns.model == cfg.model_dir and ns.draft == cfg.draft_dir
             else:
                 assert ns.host == "0.0.0.0" and ns.schedule == cfg.schedule and ns.topology is None
-                assert ns.worker_wait == cfg.worker_wait_s and ns.tls_cert is None  # kubelet gRPC probes speak no TLS
+                assert ns.worker_wait_s == cfg.worker_wait_s and ns.tls_cert is None  # kubelet gRPC probes speak no TLS
 
 
 def test_stage_index_sources():
