@@ -41,7 +41,9 @@ class Run:
         max_new = min(job.stop.max_tokens, cfg.context - P + 1)
         self.verifier = Verifier(job.prompt_ids, job.params, job.stop, max_new, driver.n)
         self.draft_limit = min(P + max_new, cfg.context)  # drafts may take positions < this
-        self.fill_start = P  # position judged by the first exit of the current fill (no draft for it)
+        # position the first exit of the current fill judges, with no draft for it: the prompt length
+        # after a prefill (whose wire `base` is 0), the reseed position (= `base`) after a reseed
+        self.first_judged = P
         self.epoch = 0  # this request's current epoch (its last PREFILL / RESEED)
         self.exits: dict[int, tuple[wire.Exit, float]] = {}  # pos -> (EXIT of the current epoch, arrival)
         self.stats = RequestStats(driver.n, P, queue_ms=1e3 * (time.monotonic() - job.submitted))
@@ -57,7 +59,7 @@ class Run:
         self._prefill(self.job.prompt_ids)
 
     def _prefill(self, ids: list[int], prompt_len: int | None = None) -> None:
-        self.fill_start = len(ids)
+        self.first_judged = len(ids)
         self.epoch = self.d.broadcast(wire.Prefill(
             rid=self.job.rid, slot=self.slot, params=self.job.params, prompt_len=prompt_len or len(ids),
             s0=staircase_offset(self.d.cfg.schedule), draft_limit=self.draft_limit, routes=self.d.routes,
@@ -103,7 +105,7 @@ class Run:
     def _judgeable(self, exit: wire.Exit, seen: float) -> bool:
         """Judge now, or wait a little for the draft that will arrive for this position?"""
         judged = exit.pos + 1
-        if judged in self.verifier.drafts or judged <= self.fill_start:
+        if judged in self.verifier.drafts or judged <= self.first_judged:
             return True
         expect = (self.d.registry.alive("drafter") and self.verifier.wants_draft(judged, self.d.cfg.context)
                   and drafts(self.d.cfg.schedule, self.d.n))
@@ -130,7 +132,7 @@ class Run:
             if v.accepted is False:
                 metrics.FLUSHES.inc()
                 log.info("[flush] %s: reject at %d (draft %s, target %d)", self.job.rid, v.position, v.draft, v.token)
-            self.fill_start = v.position
+            self.first_judged = v.position
             self.exits = {}
             self.epoch = self.d.broadcast(wire.Reseed(rid=self.job.rid, slot=self.slot, pos=v.position, base=v.position,
                                                       token=v.token))
