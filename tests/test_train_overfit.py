@@ -49,3 +49,11 @@ def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
     train(cfg2)
     hist2 = [json.loads(line) for line in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
     assert hist2[-1]["seen"] > last["seen"] and hist2[-1]["seen"] <= last["seen"] + 3 * 120
+
+    # warm start on a "fresh machine": a new run from the exported weights starts where the old one ended
+    cfg3 = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "warm"), "init_from": str(tmp_path / "run" / "pdm"),
+                          "epochs": 1, "notes": {}})
+    train(cfg3)
+    hist3 = [json.loads(line) for line in (tmp_path / "warm" / "history.jsonl").read_text().splitlines()]
+    assert abs(hist3[0]["heldout_loss"] - hist2[-1]["heldout_loss"]) < 0.02 * hist2[-1]["heldout_loss"]  # fp16 export
+    assert PDM.load(tmp_path / "warm" / "pdm").config.notes["init_from"]["tokens_seen"] == hist2[-1]["seen"]

@@ -48,6 +48,7 @@ class LoopConfig:
     threads: int = 1  # CPU threads for torch
     wait: bool = False  # wait for the cache to grow (still being generated) until the budget is met
     init_head: bool = True  # head rows from the target's LM head (--no-init-head: random)
+    init_from: str = ""  # start from this exported draft's weights and vocabulary (a warm restart on a fresh machine: AdamW starts anew)
     epochs: int = 1  # passes over the cache
     max_steps: int = 0  # stop after this many optimizer steps (0 = the budget)
     max_seconds: float = 0.0  # stop (checkpointed, resumable) after this wall time (0 = none)

@@ -133,9 +133,9 @@ class Setup:
     vocab_info: dict  # its size and coverage
 
 
-def setup(cfg: LoopConfig, same: tuple[str, ...]) -> Setup:
+def setup(cfg: LoopConfig, same: tuple[str, ...], d2t: torch.Tensor | None = None) -> Setup:
     """Threads, run directory, target, caches, the checkpoint (if resuming: see load_checkpoint) and
-    the draft vocabulary (the checkpoint's, or chosen from the data)."""
+    the draft vocabulary (the checkpoint's, else `d2t` (a warm start's), else chosen from the data)."""
     from spd.models.loading import load_config, resolve_model
     from spd.train.vocab import choose_vocab
 
@@ -150,6 +150,8 @@ def setup(cfg: LoopConfig, same: tuple[str, ...]) -> Setup:
     state = load_checkpoint(cfg, same)
     if state is not None:
         d2t, vocab_info = state["d2t"], state["vocab_info"]
+    elif d2t is not None:
+        vocab_info = {"V_s": len(d2t), "from": cfg.init_from}
     else:
         d2t, vocab_info = choose_vocab(cfg.vocab, model_dir, config, cache, held)
         log.info("vocab: %s", vocab_info)

@@ -165,9 +165,13 @@ class PdmStudent:
 
 def train(cfg: TrainConfig) -> PDM:
     """Train (or resume) a PDM under `cfg`; returns it in eval mode (also exported to OUT/pdm/)."""
-    s = setup(cfg, same=("n", "ls", "anchors", "schedule", "vocab", "data"))
+    init = PDM.load(Path(cfg.init_from)) if cfg.init_from else None
+    s = setup(cfg, same=("n", "ls", "anchors", "schedule", "vocab", "data"), d2t=init.d2t if init else None)
     split = uniform_split(s.config.num_hidden_layers, cfg.n)
     pdm = make_pdm(cfg, s.model_dir, s.config, split, s.d2t).to(cfg.device)
+    if init is not None and s.state is None:  # a warm start: the exported weights, a fresh optimizer
+        pdm.load_state_dict(init.state_dict())
+        cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": init.config.notes.get("tokens_seen")}
     train_student(cfg, PdmStudent(cfg, pdm, split, s), s)
     return pdm
 
