@@ -15,9 +15,10 @@ import json
 import torch
 
 from spd.core.pdm import PDM
+from spd.core.schedule import staircase_offset
 from spd.core.split import uniform_split
 from spd.models.loading import load_config, resolve_model
-from spd.train.teacher import TeacherCache, teacher_dir
+from spd.train.loop import held_sequences, resolve_cache
 from spd.train.trainer import evaluate, target_to_draft
 
 
@@ -25,7 +26,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft", required=True)
-    ap.add_argument("--heldout", default="selfgen-heldout")
+    ap.add_argument("--heldout", default="data/selfgen/SmolLM2-135M-Instruct/heldout",
+                    help="held-out cache or self-generated ids (default: the committed held-out ids)")
     ap.add_argument("--seqs", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -34,13 +36,10 @@ def main(argv=None) -> int:
     config = load_config(model_dir)
     pdm = PDM.load(args.draft)
     n = pdm.config.trained_n or 5
-    s0 = {"pre": 0, "post": 1}[pdm.config.schedule]
+    s0 = staircase_offset(pdm.config.schedule)
     split = uniform_split(config.num_hidden_layers, n)
-    cache = TeacherCache(teacher_dir(model_dir, args.heldout) if "/" not in args.heldout else args.heldout)
-    seqs = []
-    for sh in cache.shards():
-        seqs.extend(cache.sequences(sh))
-    seqs = seqs[:args.seqs]
+    cache = resolve_cache(model_dir, args.heldout)
+    seqs = held_sequences(cache, args.seqs)
     cols = [cache.layers.index(b) for b in pdm.config.anchors]
     t2d = target_to_draft(pdm.d2t, config.vocab_size)
     out = {"draft": args.draft, "n": n, "schedule": pdm.config.schedule, "tokens_seen": pdm.config.notes.get("tokens_seen")}
