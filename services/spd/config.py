@@ -142,7 +142,11 @@ def field_help(cls: type) -> dict[str, str]:
     """Each field's comment (`name: type = default  # help`), over the class and its bases."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__[:-1]):
-        for line in inspect.getsource(klass).splitlines():
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):  # no source shipped: flags without help rather than no CLI
+            continue
+        for line in source.splitlines():
             m = re.match(r"\s+(\w+): [^#]+#\s*(.+)$", line)
             if m:
                 out[m.group(1)] = m.group(2)

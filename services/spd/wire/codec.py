@@ -1,6 +1,5 @@
 """encode / decode of typed messages to and from ZeroMQ frames, and send / recv; see spd.wire."""
 
-
 from __future__ import annotations
 
 import math

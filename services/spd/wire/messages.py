@@ -1,6 +1,5 @@
 """The wire format's message types (one frozen dataclass per kind), limits and epochs; see spd.wire."""
 
-
 from __future__ import annotations
 
 import sys

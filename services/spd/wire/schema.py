@@ -1,7 +1,6 @@
 """Per-field checks derived from the message dataclasses (type hints + `limits` metadata): what
 decode() accepts and encode() refuses; see spd.wire."""
 
-
 from __future__ import annotations
 
 import dataclasses
