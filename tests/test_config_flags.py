@@ -1,4 +1,4 @@
-"""Every flag of `spd up`, `spd orchestrator` and `spd train` lands in the config field of its name:
+"""Every flag of `spd up`, `spd orchestrator`, `spd train` and the workers lands in the config field of its name:
 each field gets a distinct value on the command line and must come back in exactly that field."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from spd.cli import build_parser
-from spd.config import ClusterConfig, EagleTrainConfig, OrchestratorConfig, TrainConfig, from_args
+from spd.config import ClusterConfig, EagleTrainConfig, OrchestratorConfig, TrainConfig, WorkerConfig, from_args
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -39,17 +39,20 @@ def _distinct_argv(parser: argparse.ArgumentParser, fields: set[str]):
     return argv, expected
 
 
-@pytest.mark.parametrize("command, cls, extra", [
-    ("up", ClusterConfig, {}),
-    ("orchestrator", OrchestratorConfig, {"topology": None}),
-    ("train", TrainConfig, {}),
-    ("train", EagleTrainConfig, {}),
+@pytest.mark.parametrize("command, cls, extra, required", [
+    ("up", ClusterConfig, {}, []),
+    ("orchestrator", OrchestratorConfig, {"topology": None}, []),
+    ("train", TrainConfig, {}, []),
+    ("train", EagleTrainConfig, {}, []),
+    ("stage", WorkerConfig, {}, ["--of", "2"]),
+    ("drafter", WorkerConfig, {}, []),
+    ("spare", WorkerConfig, {}, ["--endpoint", "tcp://127.0.0.1:1"]),
 ])
-def test_each_flag_lands_in_the_config_field_of_its_name(command, cls, extra):
+def test_each_flag_lands_in_the_config_field_of_its_name(command, cls, extra, required):
     parser = _subparser(command)
     names = {f.name for f in dataclasses.fields(cls)} - set(extra)  # extra: built from its flag by the command
     argv, expected = _distinct_argv(parser, names)
     assert len(expected) >= 10, expected  # the command really exposes its config
-    cfg = from_args(cls, parser.parse_args(argv), **extra)
+    cfg = from_args(cls, parser.parse_args(argv + required), **extra)
     got = {k: getattr(cfg, k) for k in expected}
     assert got == expected

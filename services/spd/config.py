@@ -113,6 +113,27 @@ class ClusterConfig:
 
 
 @dataclass
+class WorkerConfig:
+    """`spd stage`, `spd drafter`, `spd spare`: one worker process on one device (spd.commands.workers)."""
+
+    topology: str | None = None  # JSON (or @file) with every worker's ZMQ endpoint (default $SPD_TOPOLOGY)
+    model: str | None = None  # model directory (default: embedded SmolLM2-135M-Instruct)
+    split: str = "uniform"  # stage split: uniform | balanced | boundaries '0,6,...,L'
+    draft: str | None = None  # PDM directory ('random' for an untrained one); sets the anchors
+    device: str = "cpu"  # the one device this process uses (cpu, cuda:K)
+    dtype: str = "float32"  # weights and activations: float32 | bfloat16 | float16
+    threads: int = 1  # CPU threads for torch
+    health_port: int = 0  # grpc.health.v1 port (0 = none)
+    health_host: str = "127.0.0.1"  # health bind address
+    max_concurrency: int = 1  # requests the pipeline decodes at once, at this fixed batch shape (batch-invariant); must match the orchestrator's
+    gather: float = settings.GATHER  # stage 1 and the drafter hold ready work while other requests decode, for at most this many of their recent compute times (0 = off)
+    ls: int = 1  # the drafter's: layers of a random PDM
+    script: str | None = None  # the drafter's, TEST ONLY: comma-separated continuation to propose instead of a PDM
+    script_wrong_every: int = 0  # the drafter's, TEST ONLY: with --script, every k-th draft wrong
+    zero_compute: bool = False  # a stage's, BENCHMARK ONLY: compute nothing
+
+
+@dataclass
 class OrchestratorConfig:
     """`spd orchestrator`: the gRPC front of a pipeline (spd.runtime.orchestrator)."""
 

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from spd.config import OrchestratorConfig, add_flags, from_args
+from spd.config import OrchestratorConfig, WorkerConfig, add_flags, from_args
 from spd.core.schedule import SCHEDULES
 from spd.runtime.topology import Topology
 from spd import settings
@@ -19,23 +19,13 @@ from spd import settings
 log = logging.getLogger(__name__)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", help="JSON (or @file) with every worker's ZMQ endpoint; default $SPD_TOPOLOGY")
-    p.add_argument("--model", help="model directory (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--split", default="uniform", help="uniform | balanced | boundaries '0,6,...,L'")
-    p.add_argument("--draft", help="PDM directory ('random' for an untrained one); sets the anchors")
-    p.add_argument("--device", default="cpu", help="the one device this process uses (cpu, cuda:K)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="weights and activations (default float32)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
-    p.add_argument("--health-port", type=int, default=0, help="grpc.health.v1 port (0 = none)")
-    p.add_argument("--health-host", default="127.0.0.1", help="health bind address (default 127.0.0.1)")
-    p.add_argument("--max-concurrency", type=int, default=1, help="requests the pipeline decodes at once: a stage "
-                   "runs single tokens, the drafter its drafts, at this fixed batch shape (batch-invariant); must "
-                   "match the orchestrator's")
-    p.add_argument("--gather", type=float, default=settings.GATHER, help="stage 1 and the drafter hold ready work while other "
-                   "requests are decoding, for at most this many of their recent compute times, so that requests "
-                   "run through the stages as one batch (0 = off)")
+COMMON = ("topology", "model", "split", "draft", "device", "dtype", "threads", "health_port", "health_host",
+          "max_concurrency", "gather")  # WorkerConfig fields every worker takes
+DRAFTER = ("ls", "script", "script_wrong_every")  # ... and those of a drafter
+
+
+def _flags(p: argparse.ArgumentParser, *groups: tuple[str, ...]) -> None:
+    add_flags(p, WorkerConfig, only=[f for g in groups for f in g], choices={"dtype": ("float32", "bfloat16", "float16")})
 
 
 def add_parser(sub) -> None:
@@ -43,24 +33,16 @@ def add_parser(sub) -> None:
     st.add_argument("--index", type=int, help="1-based stage index (default: $SPD_STAGE_INDEX, else in a Kubernetes "
                     "StatefulSet pod the ordinal of its hostname + 1: spd-stage-3 -> 4)")
     st.add_argument("--of", type=int, required=True, help="number of stages n")
-    st.add_argument("--zero-compute", action="store_true", help="BENCHMARK ONLY: a stage that computes nothing")
-    _common(st)
+    _flags(st, COMMON, ("zero_compute",))
     st.set_defaults(run=run_stage)
     dr = sub.add_parser("drafter", help="run the drafter (PDM)")
-    dr.add_argument("--ls", type=int, default=1, help="layers of a random PDM")
-    dr.add_argument("--script", help="TEST ONLY: comma-separated continuation to propose instead of a PDM")
-    dr.add_argument("--script-wrong-every", type=int, default=0, help="TEST ONLY: with --script, every k-th draft wrong")
-    _common(dr)
+    _flags(dr, COMMON, DRAFTER)
     dr.set_defaults(run=run_drafter)
     sp = sub.add_parser("spare", help="run a warm spare worker: takes a stage's or the drafter's role when assigned")
     sp.add_argument("--endpoint", required=True, help="this process's own ZMQ inbox, e.g. tcp://10.0.0.7:5600")
     sp.add_argument("--spare-id", type=int, default=0, help="a number naming this spare in logs and heartbeats")
     sp.add_argument("--role-file", type=Path, help="write the assigned role here (used by `spd up`)")
-    sp.add_argument("--zero-compute", action="store_true", help="BENCHMARK ONLY: as a stage, compute nothing")
-    sp.add_argument("--ls", type=int, default=1, help="layers of a random PDM")
-    sp.add_argument("--script", help="TEST ONLY: as the drafter, propose this comma-separated continuation")
-    sp.add_argument("--script-wrong-every", type=int, default=0, help="TEST ONLY: with --script, every k-th draft wrong")
-    _common(sp)
+    _flags(sp, COMMON, DRAFTER, ("zero_compute",))  # whichever role it is given
     sp.set_defaults(run=run_spare)
     orch = sub.add_parser("orchestrator", help="run the gRPC orchestrator")
     orch.add_argument("--topology", help="JSON (or @file); default $SPD_TOPOLOGY")
@@ -100,26 +82,26 @@ class _Setup:
     dtype: Any  # torch dtype of weights and activations
 
 
-def _setup(args) -> _Setup:
+def _setup(cfg: WorkerConfig) -> _Setup:
     import torch  # here, not at import: `spd --help` should not load torch
 
     from spd.pipeline import make_split
     from spd.models.loading import load_config, resolve_model
 
-    torch.set_num_threads(args.threads)
-    topology = Topology.from_arg(args.topology)
-    model_dir = resolve_model(args.model)
+    torch.set_num_threads(cfg.threads)
+    topology = Topology.from_arg(cfg.topology)
+    model_dir = resolve_model(cfg.model)
     config = load_config(model_dir)
-    split = make_split(args.split, config.num_hidden_layers, topology.n)
-    return _Setup(topology, model_dir, config, split, getattr(torch, args.dtype))
+    split = make_split(cfg.split, config.num_hidden_layers, topology.n)
+    return _Setup(topology, model_dir, config, split, getattr(torch, cfg.dtype))
 
 
-def _serve_health(args):
-    if not args.health_port:
+def _serve_health(cfg: WorkerConfig):
+    if not cfg.health_port:
         return None, None
     from spd.runtime.health import start_health_server
 
-    return start_health_server(args.health_port, args.health_host)
+    return start_health_server(cfg.health_port, cfg.health_host)
 
 
 def _serve_worker(worker, server, health) -> int:
@@ -136,56 +118,58 @@ def _serve_worker(worker, server, health) -> int:
     return 0
 
 
-def _stage(args, s: _Setup, index: int):
+def _stage(cfg: WorkerConfig, s: _Setup, index: int):
     """Stage `index`'s tensors (or a compute-free stand-in for benchmarks)."""
     from spd.pipeline import anchors_for
 
-    if args.zero_compute:
+    if cfg.zero_compute:
         from spd.runtime.zero_stage import ZeroComputeStage
 
-        return ZeroComputeStage(index, s.topology.n, s.config.hidden_size, s.config.vocab_size, args.max_concurrency)
+        return ZeroComputeStage(index, s.topology.n, s.config.hidden_size, s.config.vocab_size, cfg.max_concurrency)
     from spd.core.stage import load_stage
 
-    return load_stage(s.model_dir, s.config, s.split.layers_of(index), anchors_for(args.draft, s.model_dir, s.split),
-                      args.device, s.dtype, rows=args.max_concurrency)
+    return load_stage(s.model_dir, s.config, s.split.layers_of(index), anchors_for(cfg.draft, s.model_dir, s.split),
+                      cfg.device, s.dtype, rows=cfg.max_concurrency)
 
 
-def _drafter_state(args, s: _Setup):
+def _drafter_state(cfg: WorkerConfig, s: _Setup):
     """The PDM with the target's embedding (or, in tests, a scripted drafter)."""
     from spd.pipeline import load_pdm
 
-    if args.script:
+    if cfg.script:
         from spd.core.scripted import ScriptedDrafter
 
-        script = [int(t) for t in args.script.split(",")]
-        return ScriptedDrafter([], s.config.vocab_size, wrong_every=args.script_wrong_every, continuation=script,
+        script = [int(t) for t in cfg.script.split(",")]
+        return ScriptedDrafter([], s.config.vocab_size, wrong_every=cfg.script_wrong_every, continuation=script,
                                n=s.topology.n)
     from spd.core.drafter import DrafterState
     from spd.core.stage import load_embedding
 
-    pdm = load_pdm(args.draft, s.model_dir, s.config, s.split, args.ls, args.device, s.dtype)
-    return DrafterState(pdm, load_embedding(s.model_dir, s.config, args.device, s.dtype), s.split, rows=args.max_concurrency)
+    pdm = load_pdm(cfg.draft, s.model_dir, s.config, s.split, cfg.ls, cfg.device, s.dtype)
+    return DrafterState(pdm, load_embedding(s.model_dir, s.config, cfg.device, s.dtype), s.split, rows=cfg.max_concurrency)
 
 
 def run_stage(args) -> int:
     from spd.runtime.stage_worker import StageWorker
 
     args.index = stage_index(args.index)
-    setup = _setup(args)
+    cfg = from_args(WorkerConfig, args)
+    setup = _setup(cfg)
     n = setup.topology.n
     if args.of != n or not 1 <= args.index <= n:
         raise SystemExit(f"--index {args.index} --of {args.of} does not match a topology of {n} stages")
-    server, health = _serve_health(args)
-    return _serve_worker(StageWorker(setup.topology, args.index, _stage(args, setup, args.index), gather=args.gather),
+    server, health = _serve_health(cfg)
+    return _serve_worker(StageWorker(setup.topology, args.index, _stage(cfg, setup, args.index), gather=cfg.gather),
                          server, health)
 
 
 def run_drafter(args) -> int:
     from spd.runtime.drafter_worker import DrafterWorker
 
-    setup = _setup(args)
-    server, health = _serve_health(args)
-    return _serve_worker(DrafterWorker(setup.topology, _drafter_state(args, setup), gather=args.gather), server, health)
+    cfg = from_args(WorkerConfig, args)
+    setup = _setup(cfg)
+    server, health = _serve_health(cfg)
+    return _serve_worker(DrafterWorker(setup.topology, _drafter_state(cfg, setup), gather=cfg.gather), server, health)
 
 
 def run_spare(args) -> int:
@@ -196,8 +180,9 @@ def run_spare(args) -> int:
     import spd.core.drafter  # noqa: F401  (imported ahead: takeover should cost only the tensor load)
     import spd.core.stage  # noqa: F401
 
-    setup = _setup(args)
-    server, health = _serve_health(args)
+    cfg = from_args(WorkerConfig, args)
+    setup = _setup(cfg)
+    server, health = _serve_health(cfg)
     if health:
         from spd.runtime.health import SERVING
 
@@ -212,10 +197,10 @@ def run_spare(args) -> int:
         setup = dataclasses.replace(setup, topology=a.routes)
         worker: StageWorker | DrafterWorker
         if a.role == "stage":
-            worker = StageWorker(a.routes, a.index, _stage(args, setup, a.index), args.endpoint, spare,
-                                 gather=args.gather)
+            worker = StageWorker(a.routes, a.index, _stage(cfg, setup, a.index), args.endpoint, spare,
+                                 gather=cfg.gather)
         else:
-            worker = DrafterWorker(a.routes, _drafter_state(args, setup), args.endpoint, spare, gather=args.gather)
+            worker = DrafterWorker(a.routes, _drafter_state(cfg, setup), args.endpoint, spare, gather=cfg.gather)
         worker.run()
     finally:
         if server:
