@@ -33,7 +33,7 @@ run() {
   local before; before=$(ls $IDS/part_*.npz | wc -l)
   log "self-generating for ${GEN_S:-240} s on $dev"
   local rc=0
-  timeout -s INT "${GEN_S:-240}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-256}" \
+  timeout "${GEN_S:-240}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-256}" \
     --max-new "${GEN_MAX_NEW:-256}" --threads "${THREADS:-8}" --out $IDS || rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 124 ] || { log "self-generation failed ($rc)"; exit $rc; }  # 124: the time is up
   log "training on $dev"

@@ -23,6 +23,8 @@ import json
 import logging
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,8 +170,9 @@ class IdStore:
 def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
                  max_prompt: int = 384, limit_tokens: int = 0, part_tokens: int = 200_000, seed: int = 0,
                  dtype=torch.bfloat16, device: str = "cpu", progress: bool = True, rank: int = 0,
-                 world: int = 1) -> IdStore:
-    """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens.
+                 world: int = 1, stop: threading.Event | None = None) -> IdStore:
+    """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens, and
+    what it has when `stop` is set (at the next finished response).
     Rank r of `world` generates the jobs i with i % world == r (each rank its own shard)."""
     from tqdm import tqdm
 
@@ -203,7 +206,7 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
             store.flush()
             rate = (state["tokens"] - have) / (time.perf_counter() - t0)
             log.info("[selfgen] %d tokens, %.0f tok/s", state["tokens"], rate)
-        if limit_tokens and state["tokens"] >= limit_tokens:
+        if (limit_tokens and state["tokens"] >= limit_tokens) or (stop is not None and stop.is_set()):
             raise Enough
 
     decoder = BatchDecoder(model, batch, max_new, tok.eos_token_id, seed=seed + len(done))
@@ -241,9 +244,12 @@ def main(argv=None) -> int:
     device = args.device
     if world > 1 and device == "cuda":
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    stop = threading.Event()  # SIGTERM / SIGINT: write what is done, then exit
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     store = generate_ids(resolve_model(args.model), Path(args.out), args.split, args.batch, args.max_new,
                          args.max_prompt, args.tokens // world if args.tokens else 0, args.part_tokens, device=device,
-                         rank=rank, world=world)
+                         rank=rank, world=world, stop=stop)
     print(f"{store.root}: {store.tokens()} tokens in {len(store.parts())} parts")
     return 0
 
