@@ -33,9 +33,9 @@ run() {
   local before; before=$(ls $IDS/part_*.npz | wc -l)
   log "self-generating for ${GEN_S:-240} s on $dev"
   local rc=0
-  timeout "${GEN_S:-240}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-256}" \
+  timeout -k 60 "${GEN_S:-240}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-256}" \
     --max-new "${GEN_MAX_NEW:-256}" --threads "${THREADS:-8}" --out $IDS || rc=$?
-  [ $rc -eq 0 ] || [ $rc -eq 124 ] || { log "self-generation failed ($rc)"; exit $rc; }  # 124: the time is up
+  [ $rc -eq 0 ] || [ $rc -eq 124 ] || { log "self-generation failed ($rc)"; exit $rc; }  # 124: the time is up (TERM: it wrote what it had)
   log "training on $dev"
   python -m spd.commands.train --device "$dev" --n 5 --ls 1 --lr 1.5e-3 --vocab 16384 --batch-tokens 1024 \
     --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
