@@ -165,16 +165,17 @@ def _atomic_save(obj, path: Path) -> None:
 
 
 class _Loop:
-    def __init__(self, cfg: LoopConfig, student: Student, cache, held_seqs: list[dict], state: dict | None,
-                 saved: dict):
+    def __init__(self, cfg: LoopConfig, student: Student, s: Setup):
         from transformers import get_linear_schedule_with_warmup
 
-        self.cfg, self.student, self.cache, self.held_seqs, self.saved = cfg, student, cache, held_seqs, saved
+        self.cfg, self.student, self.cache, self.held_seqs = cfg, student, s.cache, s.held_seqs
+        self.saved = {"d2t": s.d2t, "vocab_info": s.vocab_info}  # what rebuilds the student's vocabulary
+        state = s.state
         self.out = Path(cfg.out)
         self.ranks = Ranks(cfg.device)
         self.params = [p for p in student.module.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-        self.budget = cfg.tokens or int(cache.progress().get("loss_tokens", 0)) * cfg.epochs
+        self.budget = cfg.tokens or int(self.cache.progress().get("loss_tokens", 0)) * cfg.epochs
         self.run = RunState()
         if state is not None:
             student.module.load_state_dict(state[student.name])
@@ -311,7 +312,7 @@ def _round(x: Any):
 def train_student(cfg: LoopConfig, student: Student, s: Setup) -> RunState:
     """Train `student` on the set-up data under `cfg`, resuming from the set-up checkpoint if any.
     Returns the final counters and history."""
-    loop = _Loop(cfg, student, s.cache, s.held_seqs, s.state, {"d2t": s.d2t, "vocab_info": s.vocab_info})
+    loop = _Loop(cfg, student, s)
     loop.train()
     student.module.eval()
     return loop.run

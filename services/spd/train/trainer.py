@@ -10,6 +10,7 @@ Public API (reused by `spd train`, the benchmarks and the eval harness):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from pathlib import Path
@@ -168,7 +169,8 @@ def train(cfg: TrainConfig) -> PDM:
     init = PDM.load(Path(cfg.init_from)) if cfg.init_from else None
     s = setup(cfg, same=("n", "ls", "anchors", "schedule", "vocab", "data"), d2t=init.d2t if init else None)
     split = uniform_split(s.config.num_hidden_layers, cfg.n)
-    pdm = make_pdm(cfg, s.model_dir, s.config, split, s.d2t).to(cfg.device)
+    head = cfg.init_head and init is None  # a warm start overwrites the head: no need to load the target's
+    pdm = make_pdm(dataclasses.replace(cfg, init_head=head), s.model_dir, s.config, split, s.d2t).to(cfg.device)
     if init is not None and s.state is None:  # a warm start: the exported weights, a fresh optimizer
         pdm.load_state_dict(init.state_dict())
         cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": init.config.notes.get("tokens_seen")}
