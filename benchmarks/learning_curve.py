@@ -21,6 +21,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 from results_io import save
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +37,8 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     pts = [(math.log2(t), p) for t, p in points if t >= 50_000]
     if len(pts) < 2:
         return None
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-    return my - b * mx, b
+    b, a = np.polyfit([x for x, _ in pts], [y for _, y in pts], 1)
+    return float(a), float(b)
 
 
 def main() -> int:
