@@ -27,3 +27,32 @@ def test_batched_greedy_equals_ar_for_every_row(tiny_dir, arch):
     for i, p in enumerate(prompts):
         want = ar_tokens(model_dir, p, 24, eos=frozenset({eos}))
         assert got[i] == want, f"row {i}"
+
+
+def test_features_recorded_while_decoding_equal_a_prefill_of_the_generated_text(tiny_dir):
+    """One pass: the anchors and top-k recorded during generation are what a separate teacher
+    prefill (spd.train.online) computes over prompt + response[:-1]."""
+    from spd.train.online import OnlineTeacher
+    from spd.train.recorder import FeatureRecorder
+
+    model_dir = tiny_dir("llama")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rng = random.Random(1)
+    eos = model.config.eos_token_id
+    prompts = [[rng.randrange(1, eos) for _ in range(rng.randrange(1, 30))] for _ in range(7)]
+    layers = [0, 1, model.config.num_hidden_layers - 1, model.config.num_hidden_layers]
+    got: dict[int, list[int]] = {}
+    feats: dict[int, dict] = {}
+    dec = BatchDecoder(model, batch=3, max_new=12, eos_id=eos, slack=4,
+                       recorder=FeatureRecorder(layers, feats.__setitem__))
+    dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), chunk=2)
+    teacher = OnlineTeacher(model_dir, layers, dtype=torch.float32)
+    want = teacher.features([(p + got[i][:-1], len(p) - 1) for i, p in enumerate(prompts)])
+    assert sorted(feats) == list(range(len(prompts)))
+    for i, w in enumerate(want):
+        f = feats[i]
+        assert torch.equal(f["tokens"], w["tokens"]) and torch.equal(f["loss"], w["loss"])
+        scale = w["anchors"].float().abs().amax()  # states reach ~500: fp16's own spacing there is 0.25
+        assert (f["anchors"].float() - w["anchors"].float()).abs().amax() <= 1e-3 * scale
+        torch.testing.assert_close(f["top_p"].float(), w["top_p"].float(), atol=1e-3, rtol=1e-2)
+        assert (f["top_ids"][:, 0] == w["top_ids"][:, 0]).all()  # the argmax (near-ties aside)

@@ -12,6 +12,9 @@ A new prompt of length P goes into columns [c - P, c) of a free slot (right-alig
 decode step reads the whole buffer (masked): a contiguous buffer is ~5x faster to multiply on this
 CPU than a strided window of it, so the buffer is kept tight instead: when c reaches C, or a prompt
 needs more room before c, it is re-laid out to the live window plus `slack` columns.
+
+With a `FeatureRecorder` (spd.train.recorder) the same passes also record the teacher's anchor
+states and top-k for every generated sequence: generation and teacher features in one pass.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from spd.train.recorder import FeatureRecorder
 
 
 class _BufferCache:
@@ -48,6 +53,7 @@ class _BufferCache:
 class _Row:
     job: int  # caller's id
     temp: float  # 0 = greedy
+    prompt: list[int]
     out: list[int] = field(default_factory=list)
 
 
@@ -55,7 +61,7 @@ class BatchDecoder:
     """Greedy / sampled decoding, rows joining and leaving (see the module docstring)."""
 
     def __init__(self, model, batch: int, max_new: int, eos_id: int, seed: int = 0,
-                 slack: int = 32):
+                 slack: int = 32, recorder: FeatureRecorder | None = None):
         self.model, self.B, self.max_new, self.eos = model, batch, max_new, eos_id
         self.inner = model.model
         cfg = model.config
@@ -70,6 +76,11 @@ class BatchDecoder:
         self.rows: list[_Row | None] = [None] * batch
         self.next = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] token each slot feeds next
         self.gen = torch.Generator(self.device).manual_seed(seed)
+        self.recorder = recorder
+        self.keep = set(recorder.layers) if recorder else set()  # H[b] to record: the input of layer b (b = L: the last output)
+        if recorder:
+            assert recorder.layers == sorted(self.keep) and max(self.keep) <= cfg.num_hidden_layers
+            recorder.allocate(batch, max_new, cfg.hidden_size, self.device)
 
     # -- buffer layout -----------------------------------------------------------------------------
     def _alloc(self, width: int) -> list[list[torch.Tensor]]:
@@ -95,11 +106,17 @@ class BatchDecoder:
 
     # -- model calls -------------------------------------------------------------------------------
     def _layers(self, h, pos, mask):
-        """h: [b, T, d], pos: [b, T], mask: [b, 1, T, W] -> last-position logits [b, V]."""
+        """h: [b, T, d], pos: [b, T], mask: [b, 1, T, W] -> last-position logits [b, V] and the
+        recorded H[b], each [b, T, d]."""
         rope = self.inner.rotary_emb(h, pos)
-        for layer in self.inner.layers:
+        states = []
+        for i, layer in enumerate(self.inner.layers):
+            if i in self.keep:
+                states.append(h)
             h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=self.cache, position_embeddings=rope)
-        return self.model.lm_head(self.inner.norm(h[:, -1]))
+        if len(self.inner.layers) in self.keep:
+            states.append(h)
+        return self.model.lm_head(self.inner.norm(h[:, -1])), states
 
     def _layer_step(self, layer, h, cos, sin, kb, vb, bias):
         """One decoder layer for one new token per row, attending over the whole (masked) buffer.
@@ -147,11 +164,13 @@ class BatchDecoder:
         mask = (causal[None] & real[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)[None]  # pads see themselves
         idx = torch.tensor(slots, device=dev)
         self.cache.rows, self.cache.cols, self.cache.window = idx, slice(self.c - P, self.c), slice(self.c - P, self.c)
-        logits = self._layers(self.inner.embed_tokens(ids), pos, mask[:, None])
+        logits, states = self._layers(self.inner.embed_tokens(ids), pos, mask[:, None])
         self.start[idx] = self.c - lens
         self.next[idx] = self._choose(logits, torch.tensor(temps, device=dev))
-        for s, t in zip(slots, temps):
-            self.rows[s] = _Row(job=-1, temp=t)
+        if self.recorder:
+            self.recorder.prefill(idx, [len(p) for p in prompts], states, logits)
+        for s, p, t in zip(slots, prompts, temps):
+            self.rows[s] = _Row(job=-1, temp=t, prompt=p)
 
     def _step(self) -> None:
         """One decode step for every slot: column c, window [min start, c]."""
@@ -163,24 +182,35 @@ class BatchDecoder:
         pos = (self.c - self.start)[:, None]  # [B, 1]
         h = self.inner.embed_tokens(self.next[:, None])  # [B, 1, d]
         cos, sin = self.inner.rotary_emb(h, pos)
-        for layer, (kb, vb) in zip(self.inner.layers, self.bufs):
+        states = []
+        for i, (layer, (kb, vb)) in enumerate(zip(self.inner.layers, self.bufs)):
+            if i in self.keep:
+                states.append(h[:, 0])
             h = self._layer_step(layer, h, cos, sin, kb, vb, bias)
+        if len(self.inner.layers) in self.keep:
+            states.append(h[:, 0])
         logits = self.model.lm_head(self.inner.norm(h[:, -1]))
         self.c += 1
+        if self.recorder:
+            fed = [(s, len(r.out) - 1) for s, r in enumerate(self.rows) if r is not None]  # (slot, response index fed)
+            live, j = torch.tensor(fed, device=self.device).T
+            self.recorder.step(live, j, states, logits)
         temps = torch.tensor([r.temp if r else 0.0 for r in self.rows], device=self.device)
         self.next = self._choose(logits, temps)
 
     # -- driver ------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, jobs: Sequence[tuple[int, Sequence[int], float]], on_done, refill_every: int = 8,
+    def run(self, jobs: Sequence[tuple[int, Sequence[int], float]], on_done, refill: int = 0,
             chunk: int = 32) -> None:
         """Decode every (id, prompt, temperature); `on_done(id, response ids)` as each finishes
-        (eos included when produced; at most max_new tokens)."""
+        (eos included when produced; at most max_new tokens); a true return from on_done ends the
+        run there. Free slots are refilled once `refill`
+        of them (default B/8) wait, so that prefills run as batches, not a row at a time."""
         queue = list(jobs)[::-1]
-        step = 0
+        refill = refill or max(1, self.B // 8)
         while queue or any(self.rows):
             free = [s for s, r in enumerate(self.rows) if r is None]
-            if queue and free and (step % refill_every == 0 or len(free) == self.B):
+            if queue and len(free) >= min(refill, len(queue)):
                 take = free[:len(queue)]
                 for i in range(0, len(take), chunk):
                     slots = take[i:i + chunk]
@@ -197,9 +227,11 @@ class BatchDecoder:
                 tok = nxt[s]
                 row.out.append(tok)
                 if tok == self.eos or len(row.out) >= self.max_new:
-                    on_done(row.job, row.out)
+                    if self.recorder:
+                        self.recorder.finish(s, row.job, row.prompt, row.out)
+                    if on_done(row.job, row.out):
+                        return
                     self.rows[s] = None
                     self.start[s] = self.c
             if any(self.rows):
                 self._step()
-            step += 1

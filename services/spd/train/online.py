@@ -29,6 +29,17 @@ class OnlineTeacher:
                  batch_tokens: int = 8192):
         self.model = load_hf(model_dir, dtype).to(device)
         self.layers, self.device, self.batch_tokens = layers, device, batch_tokens
+        self._last = torch.empty(0)
+        self.model.model.layers[-1].register_forward_hook(self._keep_last)
+
+    def _raw(self, out, b: int) -> torch.Tensor:
+        """H[b], the residual stream after b layers, as the pipeline's stages send it: HF's
+        hidden_states[L] is the final norm's output instead, so H[L] is taken before that norm
+        (the last layer's output, kept by a forward hook)."""
+        return self._last if b == len(self.model.model.layers) else out.hidden_states[b]
+
+    def _keep_last(self, module, args, output) -> None:
+        self._last = output[0] if isinstance(output, tuple) else output  # [B, T, d]
 
     @torch.inference_mode()
     def _forward(self, seqs: list[tuple[list[int], int]]) -> list[dict]:
@@ -37,7 +48,7 @@ class OnlineTeacher:
         ids = torch.tensor([t + [0] * (T - len(t)) for t, _ in seqs], device=self.device)  # [B, T]
         mask = (torch.arange(T, device=self.device)[None] < torch.tensor([len(t) for t, _ in seqs], device=self.device)[:, None]).long()
         out = self.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-        states = torch.stack([out.hidden_states[b] for b in self.layers], dim=2)  # [B, T, m, d]; b < L: raw residual
+        states = torch.stack([self._raw(out, b) for b in self.layers], dim=2)  # [B, T, m, d]
         rows = []
         for i, (tok, start) in enumerate(seqs):
             n = len(tok)

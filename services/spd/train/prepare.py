@@ -15,19 +15,18 @@ import torch
 
 from spd.models.loading import load_tokenizer, resolve_model
 from spd.train.data import encode_chat, load_sharegpt, prompt_ids, split_conversations
-from spd.train.teacher import forward_teacher, generate_teacher, teacher_dir
+from spd.train.teacher import forward_teacher, record_teacher, teacher_dir
 
 
-def selfgen_prompts(tokenizer, split: str, max_prompt: int, batch: int, seed: int = 0) -> list[list[int]]:
+def selfgen_prompts(tokenizer, split: str, max_prompt: int, seed: int = 0, block: int = 256) -> list[list[int]]:
     """Templated first-turn prompts in a fixed order: shuffled, then sorted by length within blocks
-    of 16 batches (less padding, same order on every run, so resuming is exact)."""
+    of `block` (prefills of similar lengths; the same order on every run, so resuming is exact)."""
     train, held = split_conversations(load_sharegpt())
     convs = train if split == "train" else held
     rng = random.Random(seed)
     convs = list(convs)
     rng.shuffle(convs)
     prompts = [p for p in (prompt_ids(tokenizer, c.first_prompt) for c in convs) if len(p) <= max_prompt]
-    block = 16 * batch
     out = []
     for i in range(0, len(prompts), block):
         out.extend(sorted(prompts[i:i + block], key=len))
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--split", choices=["train", "heldout"], default="train")
     p.add_argument("--name", default=None, help="cache name (default: <kind>-<split>)")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=128, help="selfgen: rows decoding together; text: sequences per forward")
     p.add_argument("--max-prompt", type=int, default=256)
     p.add_argument("--max-new", type=int, default=256)
     p.add_argument("--max-len", type=int, default=768, help="text: sequence cap")
@@ -67,11 +66,11 @@ def main(argv=None) -> int:
     out = teacher_dir(model_dir, args.name or f"{args.kind}-{args.split}")
     dtype = getattr(torch, args.dtype)
     if args.kind == "selfgen":
-        prompts = selfgen_prompts(tok, args.split, args.max_prompt, args.batch)
+        prompts = selfgen_prompts(tok, args.split, args.max_prompt)
         if args.max_items:
             prompts = prompts[:args.max_items]
-        generate_teacher(model_dir, prompts, out, args.batch, args.max_new, eos_id=tok.eos_token_id,
-                         limit_tokens=args.tokens or None, meta={"split": args.split}, dtype=dtype, device=args.device)
+        record_teacher(model_dir, prompts, out, args.batch, args.max_new, eos_id=tok.eos_token_id,
+                       limit_tokens=args.tokens or None, meta={"split": args.split}, dtype=dtype, device=args.device)
     else:
         seqs = list(text_sequences(tok, args.split, args.max_len))
         if args.max_items:

@@ -195,10 +195,7 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
     t0 = time.perf_counter()
     state = {"tokens": have}
 
-    class Enough(Exception):
-        pass
-
-    def on_done(i, resp):
+    def on_done(i, resp) -> bool:
         store.add(i, resp)
         state["tokens"] += len(resp)
         bar.update(len(resp))
@@ -206,14 +203,11 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
             store.flush()
             rate = (state["tokens"] - have) / (time.perf_counter() - t0)
             log.info("[selfgen] %d tokens, %.0f tok/s", state["tokens"], rate)
-        if (limit_tokens and state["tokens"] >= limit_tokens) or (stop is not None and stop.is_set()):
-            raise Enough
+        return bool(limit_tokens and state["tokens"] >= limit_tokens) or (stop is not None and stop.is_set())
 
     decoder = BatchDecoder(model, batch, max_new, tok.eos_token_id, seed=seed + len(done))
     try:
         decoder.run([(i, j.prompt, j.temperature) for i, j in todo], on_done)
-    except Enough:
-        pass
     finally:
         store.flush()
         bar.close()

@@ -3,9 +3,10 @@
 The target forward is the bottleneck of PDM training on a CPU, so it runs once and its outputs are
 reused by every run and variant. Two producers write the same shard format:
 
-- `generate_teacher`: the target's OWN responses to ShareGPT prompts (batched greedy, or sampled,
-  generation). The anchor states and logits are captured while generating (forward hooks), so a
-  response costs one target pass. At inference the drafter only ever sees the target's own text.
+- `record_teacher`: the target's OWN responses to ShareGPT prompts (continuous-batching greedy, or
+  sampled, generation: spd.train.batch_decode). The anchor states and top-k are recorded while
+  generating (spd.train.recorder), so a response costs one target pass. At inference the drafter
+  only ever sees the target's own text.
 - `forward_teacher`: a plain teacher forward over ShareGPT conversations (their human-written
   assistant turns), for comparison.
 
@@ -16,8 +17,10 @@ A shard (`shard_00000.safetensors`) holds S sequences, N positions in all:
   anchors fp16  [N, m, d]  H[b] for the cache's layers (a superset of the anchors of several n)
   top_ids int32 [N, k]     the teacher's k most likely next tokens (loss positions only; else 0)
   top_p   fp16  [N, k]     their probabilities at temperature 1
+  job     int64 [S]        (record_teacher) the index of each sequence's prompt
 Everything is written atomically (tmp + rename) and `progress.json` says how many source items
-were consumed, so an interrupted job resumes where it stopped.
+were consumed (record_teacher: the prompts whose sequences are in a shard, in any order), so an
+interrupted job resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from spd.core.split import default_anchors, uniform_split
@@ -68,9 +72,24 @@ class ShardWriter:
     def consumed(self) -> int:
         return self.progress["consumed"]
 
-    def add(self, tokens, loss, anchors, top_ids, top_p) -> None:
-        self._buf.append(dict(tokens=tokens, loss=loss, anchors=anchors, top_ids=top_ids, top_p=top_p))
+    @property
+    def tokens(self) -> int:
+        """Positions written or buffered."""
+        return self.progress["tokens"] + self._buf_tokens
+
+    def add(self, tokens, loss, anchors, top_ids, top_p, job: int | None = None) -> None:
+        self._buf.append(dict(tokens=tokens, loss=loss, anchors=anchors, top_ids=top_ids, top_p=top_p, job=job))
         self._buf_tokens += len(tokens)
+
+    def jobs_done(self) -> set[int]:
+        """The prompt indices already in a shard (shards written with `job`)."""
+        done: set[int] = set()
+        for path in sorted(self.root.glob("shard_*.safetensors")):
+            with safe_open(path, "pt") as f:
+                if "job" not in f.keys():
+                    raise ValueError(f"{path} has no prompt indices (written by the former generator): use a new cache name")
+                done.update(f.get_tensor("job").tolist())
+        return done
 
     def flush_if_full(self, consumed: int, seconds: float, force: bool = False) -> None:
         """Write a shard once enough tokens are buffered; record that `consumed` items are done."""
@@ -86,6 +105,8 @@ class ShardWriter:
             "top_ids": torch.cat([b["top_ids"] for b in self._buf]).int().contiguous(),
             "top_p": torch.cat([b["top_p"] for b in self._buf]).half().contiguous(),
         }
+        if self._buf[0]["job"] is not None:
+            shard["job"] = torch.tensor([b["job"] for b in self._buf], dtype=torch.int64)
         idx = self.progress["shards"]
         tmp = self.root / f".shard_{idx:05d}.tmp"
         save_file(shard, tmp)
@@ -142,64 +163,44 @@ class _Capture:
                 h.remove()
 
 
-@torch.inference_mode()
-def generate_teacher(model_dir: Path, prompts: list[list[int]], out: Path, batch: int = 16, max_new: int = 256,
-                     temperature: float = 0.0, eos_id: int = 2, limit_tokens: int | None = None,
-                     meta: dict | None = None, ns=(3, 4, 5, 6), dtype=torch.bfloat16, device="cpu") -> Path:
-    """Self-generated data: the target's responses to `prompts` (token ids, already templated).
+def record_teacher(model_dir: Path, prompts: list[list[int]], out: Path, batch: int = 128, max_new: int = 256,
+                   temperature: float = 0.0, eos_id: int = 2, limit_tokens: int | None = None,
+                   meta: dict | None = None, ns=(3, 4, 5, 6), dtype=torch.bfloat16, device="cpu") -> Path:
+    """Self-generated data: the target's responses to `prompts` (token ids, already templated) with
+    the teacher features recorded as they are generated.
 
-    Prompts are taken in order (the caller shuffles/sorts), `batch` at a time, left-padded. The
-    teacher runs in bf16 by default: on an AVX512-BF16 CPU it is ~2x faster than fp32; its greedy
-    text is still the target's own (rare near-tie flips aside).
+    `batch` rows decode together and a finished row's slot takes the next prompt (no batch waits on
+    its longest answer). Sequences are written as they finish, each with its prompt index, so a
+    resumed job skips exactly the prompts already written. The teacher runs in bf16 by default
+    (~4x fp32 for batched work on a CPU with bf16 matmuls); its greedy text is still the target's
+    own, rare near-tie flips aside.
     """
+    from spd.train.batch_decode import BatchDecoder
+    from spd.train.recorder import FeatureRecorder
+
     model = load_hf(model_dir, dtype).to(device)
-    L = model.config.num_hidden_layers
-    layers = cache_layers(L, ns)
+    layers = cache_layers(model.config.num_hidden_layers, ns)
     writer = ShardWriter(out, layers, {"source": "self-generated", "max_new": max_new, "temperature": temperature,
                                        "dtype": str(dtype), **(meta or {})})
-    cap = _Capture(model, layers)
-    pad = eos_id
-    i = writer.consumed
-    t_start = time.perf_counter()
-    while i < len(prompts):
-        if limit_tokens and writer.progress["tokens"] >= limit_tokens:
-            break
-        t0 = time.perf_counter()
-        chunk = prompts[i:i + batch]
-        P = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad] * (P - len(p)) + p for p in chunk])
-        attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in chunk])
-        cap.states, cap.tops = [], []
-        kw: dict[str, Any] = dict(do_sample=temperature > 0, max_new_tokens=max_new, pad_token_id=pad,
-                                  eos_token_id=eos_id)
-        if temperature > 0:
-            kw.update(temperature=temperature, top_k=0, top_p=1.0)
-            torch.manual_seed(i)
-        gen = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **kw)[:, P:].cpu()  # [B, G]
-        states = torch.cat(cap.states, dim=1)  # [B, P + steps, m, d]
-        top_i = torch.stack([t[0] for t in cap.tops], dim=1)  # [B, steps, k]; step s predicts gen[s]
-        top_p = torch.stack([t[1] for t in cap.tops], dim=1)
-        for b, p in enumerate(chunk):
-            g = gen[b].tolist()
-            stop = g.index(eos_id) + 1 if eos_id in g else len(g)
-            g = g[:stop]  # generated tokens incl. eos
-            # positions with states: prompt + g[:-1]; position P0-1+s predicts g[s]
-            P0 = len(p)
-            npos = P0 + len(g) - 1
-            st = states[b, P - P0:P - P0 + npos]
-            tokens = p + g[:-1]
-            loss = [0] * (P0 - 1) + [1] * len(g)
-            ti = torch.zeros(npos, TOP_K, dtype=torch.int32)
-            tp = torch.zeros(npos, TOP_K, dtype=torch.float16)
-            ti[P0 - 1:] = top_i[b, :len(g)]
-            tp[P0 - 1:] = top_p[b, :len(g)]
-            writer.add(tokens, loss, st.clone(), ti, tp)
-        i += len(chunk)
-        writer.flush_if_full(i, time.perf_counter() - t0 + 0.0)
-        el = time.perf_counter() - t_start
-        log.info("selfgen: %d/%d prompts, %d tokens cached, %.0f s", i, len(prompts), writer.progress["tokens"], el)
-    writer.flush_if_full(i, 0.0, force=True)
-    cap.close()
+    done = writer.jobs_done()
+    todo = [(i, p, temperature) for i, p in enumerate(prompts) if i not in done]
+    clock = [time.perf_counter()]  # start of the shard being filled
+
+    def add(job: int, seq: dict) -> None:
+        writer.add(**seq, job=job)
+        done.add(job)
+        shards = writer.progress["shards"]
+        writer.flush_if_full(len(done), time.perf_counter() - clock[0])
+        if writer.progress["shards"] > shards:
+            clock[0] = time.perf_counter()
+            log.info("[selfgen] %d/%d prompts, %d tokens cached", len(done), len(prompts), writer.progress["tokens"])
+
+    def enough(job: int, response: list[int]) -> bool:
+        return bool(limit_tokens and writer.tokens >= limit_tokens)
+
+    decoder = BatchDecoder(model, batch, max_new, eos_id, seed=len(done), recorder=FeatureRecorder(layers, add))
+    decoder.run(todo, enough)
+    writer.flush_if_full(len(done), time.perf_counter() - clock[0], force=True)
     return out
 
 
