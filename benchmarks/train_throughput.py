@@ -6,8 +6,10 @@ Teacher = self-generated training data, "tokens generated and recorded per secon
   new  continuous-batching generation of token ids, bf16, batch 128 (`spd.train.batch_decode`), then
        the features by one batched bf16 prefill (`spd.train.online`); timed together
 Trainer = PDM positions per second (aligned forward + KL + backward + AdamW), same sequences:
-  old  fp32, attention through the dense [C*T, C*T] staircase mask
-  new  bf16 autocast (fp32 master weights and optimizer state), staircase attention written out
+  old  fp32, one sequence per forward, attention through the dense [C*T, C*T] staircase mask
+  new  bf16 autocast (fp32 master weights and optimizer state), one packed forward per optimizer
+       step over only the rows the loss rows depend on (`spd.train.aligned.aligned_batch_hidden`),
+       head + KL a chunk of rows at a time (`spd.train.trainer.head_kl`), fused AdamW
 
 Both sides run in this one process, on the same prompts, at the same thread count.
 
@@ -31,7 +33,7 @@ from spd.train.batch_decode import BatchDecoder
 from spd.train.online import OnlineTeacher
 from spd.train.selfgen import selfgen_jobs
 from spd.train.teacher import cache_layers, generate_teacher, load_hf
-from spd.train.trainer import sequence_loss, target_to_draft
+from spd.train.trainer import batch_loss, loss_rows, target_to_draft
 from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 
@@ -61,7 +63,23 @@ def teacher_new(model_dir, prompts, max_new, eos, layers) -> tuple[dict, list[di
             "tokens_per_s": tokens / (t_gen + t_feat)}, feats
 
 
-def trainer(model_dir, config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int = 16384, steps_rows: int = 1024) -> dict:
+def step_groups(seqs, t2d, steps_rows: int, one_each: bool) -> list[tuple[list[int], bool]]:
+    """The sequences of each forward (all of an optimizer step's, or `one_each` one per forward) and
+    whether an optimizer step follows it: a step after the sequence whose loss rows reach steps_rows."""
+    groups, group, acc = [], [], 0
+    for i, seq in enumerate(seqs):
+        group.append(i)
+        acc += len(loss_rows(seq, t2d))
+        if one_each or acc >= steps_rows:
+            groups.append((group, acc >= steps_rows))
+            group, acc = [], 0 if acc >= steps_rows else acc
+    return groups + ([(group, False)] if group else [])
+
+
+def trainer(config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int = 16384, steps_rows: int = 1024) -> dict:
+    """PDM positions per second over `seqs` (fill level 1 + i % n for seqs[i]), AdamW every steps_rows
+    loss rows. dense (old): one sequence per forward through the dense mask, for-loop AdamW; else
+    (new) one packed forward per optimizer step over its sequences' needed rows, fused AdamW."""
     split = uniform_split(config.num_hidden_layers, n)
     anchors = default_anchors(split)
     counts = torch.zeros(config.vocab_size, dtype=torch.long)
@@ -71,20 +89,19 @@ def trainer(model_dir, config, seqs, layers, amp: str, dense: bool, n: int = 5, 
     pdm = random_pdm(config, anchors, 1, draft_ids=d2t, seed=0)
     t2d = target_to_draft(d2t, config.vocab_size)
     cols = [layers.index(b) for b in anchors]
-    opt = torch.optim.AdamW(pdm.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(pdm.parameters(), lr=1e-3, fused=not dense)  # new: fused, as spd.train.loop
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bfloat16")
-    rows_total, acc, t0 = 0, 0, time.perf_counter()
-    for i, seq in enumerate(seqs):
+    rows_total, t0 = 0, time.perf_counter()
+    for group, step in step_groups(seqs, t2d, steps_rows, one_each=dense):
         with autocast:
-            kl, rows, _ = sequence_loss(pdm, seq, split, 1 + i % n, 0, t2d, cols, dense=dense)
-        if kl is None:
-            continue
-        (kl / steps_rows).backward()
-        rows_total, acc = rows_total + rows, acc + rows
-        if acc >= steps_rows:
+            kl, rows, _ = batch_loss(pdm, [seqs[i] for i in group], split, [1 + i % n for i in group], 0, t2d, cols,
+                                     dense=dense)
+        if kl is not None:
+            (kl / steps_rows).backward()
+            rows_total += rows
+        if step:
             opt.step()
             opt.zero_grad(set_to_none=True)
-            acc = 0
     dt = time.perf_counter() - t0
     return {"amp": amp, "dense_mask": dense, "positions": rows_total, "seconds": dt, "positions_per_s": rows_total / dt}
 
@@ -105,9 +122,9 @@ def main(argv=None) -> int:
     old = teacher_old(model_dir, prompts, args.max_new, tok.eos_token_id)
     new, feats = teacher_new(model_dir, prompts, args.max_new, tok.eos_token_id, layers)
     seqs = feats[: args.train_seqs]
-    trainer(model_dir, config, seqs[:4], layers, "float32", True)  # warm-up
-    t_old = trainer(model_dir, config, seqs, layers, "float32", True)
-    t_new = trainer(model_dir, config, seqs, layers, "bfloat16", False)
+    trainer(config, seqs[:4], layers, "float32", True)  # warm-up
+    t_old = trainer(config, seqs, layers, "float32", True)
+    t_new = trainer(config, seqs, layers, "bfloat16", False)
     result = {"threads": args.threads, "prompts": len(prompts), "max_new": args.max_new,
               "teacher": {"old": old, "new": new, "speedup": new["tokens_per_s"] / old["tokens_per_s"]},
               "trainer": {"old": t_old, "new": t_new, "speedup": t_new["positions_per_s"] / t_old["positions_per_s"]}}

@@ -22,7 +22,8 @@ from spd.core.split import default_anchors, uniform_split
 from spd.core.stopping import StopRule
 from spd.core.target import load_pipeline, run_through
 from spd.models.loading import load_config
-from spd.train.aligned import aligned_logits, copy_depths, layout
+from spd.train.aligned import aligned_batch_hidden, aligned_logits, copy_depths, layout, needed_rows
+from spd.train.trainer import batch_loss, loss_rows, target_to_draft
 
 ATOL = 2e-4
 
@@ -168,15 +169,84 @@ def test_layout_mask_small():
     assert keys == {(3, 2), (3, 1), (3, 0)}
 
 
-@pytest.mark.parametrize("ls", [1, 2])
-def test_written_out_staircase_attention_equals_the_masked_forward(tiny_dir, ls):
-    """The training path (one [T, T] product per copy + band diagonals) == the dense [R, R] mask."""
+@pytest.mark.parametrize("ls", [1, 2, 3])
+def test_packed_training_forward_equals_the_masked_forward(tiny_dir, ls):
+    """The training path (the rows the loss rows need, several sequences packed, each at its own fill
+    level; attention written out as band diagonals + the depth-n copy) == the dense [R, R] mask at the
+    loss rows, including loss rows that start late (a prompt) and have gaps."""
     config = load_config(tiny_dir("llama", num_layers=6))
-    for n, a, s0 in [(3, 3, 0), (3, 1, 0), (3, 2, 1), (1, 1, 0), (6, 4, 1), (6, 6, 0)]:
+    g = torch.Generator().manual_seed(ls)
+    for n, s0 in [(3, 0), (3, 1), (1, 0), (1, 1), (6, 1), (6, 0)]:
         split = uniform_split(config.num_hidden_layers, n)
         anchors = default_anchors(split)
-        pdm = random_pdm(config, anchors, ls, seed=n + a)
-        x = torch.randn(17, len(anchors), config.hidden_size, generator=torch.Generator().manual_seed(a))
-        dense = aligned_logits(pdm, x, split, a, s0, dense=True)
-        fast = aligned_logits(pdm, x, split, a, s0)
-        torch.testing.assert_close(fast, dense, atol=1e-5, rtol=1e-4)
+        pdm = random_pdm(config, anchors, ls, seed=n + s0)
+        items, dense = [], []
+        for T, a in [(17, n), (9, 1), (23, max(1, n - 1)), (1, n)]:
+            x = torch.randn(T, len(anchors), config.hidden_size, generator=g)
+            rows = (torch.rand(T, generator=g) < 0.7).nonzero()[:, 0]
+            rows = rows[rows >= T // 3] if len(rows[rows >= T // 3]) else torch.tensor([T - 1])  # a prompt, gaps
+            items.append((x, a, rows))
+            dense.append(aligned_logits(pdm, x, split, a, s0, rows, dense=True))
+        fast = pdm.logits(aligned_batch_hidden(pdm, items, split, s0))
+        torch.testing.assert_close(fast, torch.cat(dense), atol=1e-5, rtol=1e-4)
+        whole = aligned_logits(pdm, items[0][0], split, n, s0)  # every position, one sequence
+        torch.testing.assert_close(whole, aligned_logits(pdm, items[0][0], split, n, s0, dense=True), atol=1e-5, rtol=1e-4)
+
+
+def test_needed_rows_keep_only_the_loss_rows_diagonals():
+    """Staircase copies only along the loss rows' diagonals (none over the prompt); depth n up to the
+    last loss row."""
+    dep, pos = needed_rows(torch.tensor([5, 6, 8]), n=3, a=2, s0=0)
+    got = {(int(d), int(p)) for d, p in zip(dep, pos)}
+    assert got == {(0, 5), (0, 6), (0, 8), (1, 4), (1, 5), (1, 7)} | {(3, j) for j in range(9)}
+    assert len(got) == len(dep)
+
+
+def _sequences(config, m: int, g: torch.Generator) -> list[dict]:
+    """Synthetic cached sequences: anchors [T, m, d], the teacher's top-8 (ids, fp16 probabilities),
+    loss on the response (the first third plays the prompt)."""
+    seqs = []
+    for T in (19, 7, 30, 12):
+        top_p = torch.rand(T, 8, generator=g).sort(-1, descending=True).values
+        seqs.append({"anchors": torch.randn(T, m, config.hidden_size, generator=g).half(),
+                     "top_ids": torch.randint(0, config.vocab_size, (T, 8), generator=g).int(),
+                     "top_p": (top_p / top_p.sum(-1, keepdim=True)).half(),
+                     "loss": (torch.arange(T) >= T // 3).to(torch.uint8)})
+    return seqs
+
+
+@pytest.mark.parametrize("ls", [1, 2])
+def test_batch_loss_equals_the_dense_reference_with_its_gradients(tiny_dir, ls):
+    """batch_loss (packed forward, chunked head + KL) == the dense reference one sequence at a time:
+    loss, rows, hits and every gradient in fp32; under bf16 autocast both stay within bf16 rounding of
+    the fp32 reference."""
+    config = load_config(tiny_dir("llama", num_layers=6))
+    g = torch.Generator().manual_seed(ls)
+    n = 3
+    split = uniform_split(config.num_hidden_layers, n)
+    anchors = default_anchors(split)
+    d2t = torch.randperm(config.vocab_size, generator=g)[: config.vocab_size // 2].sort().values
+    t2d = target_to_draft(d2t, config.vocab_size)
+    pdm = random_pdm(config, anchors, ls, draft_ids=d2t, seed=ls)
+    seqs, fills = _sequences(config, len(anchors), g), [3, 1, 2, 3]
+    cols = list(range(len(anchors)))
+
+    def run(dense: bool, amp: bool):
+        pdm.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            kl, rows, hits = batch_loss(pdm, seqs, split, fills, 0, t2d, cols, dense=dense)
+        kl.backward()
+        return kl.item(), rows, hits, {k: p.grad.clone() for k, p in pdm.named_parameters() if p.grad is not None}
+
+    ref = run(dense=True, amp=False)
+    assert ref[1] == sum(len(loss_rows(s, t2d)) for s in seqs) > 0
+    fast = run(dense=False, amp=False)
+    assert fast[1:3] == ref[1:3] and fast[0] == pytest.approx(ref[0], rel=1e-5)
+    assert fast[3].keys() == ref[3].keys()
+    for k, grad in ref[3].items():
+        torch.testing.assert_close(fast[3][k], grad, atol=1e-6, rtol=1e-4, msg=k)
+    for dense in (True, False):  # bf16: the same distance from fp32 for either path
+        kl, rows, _, grads = run(dense=dense, amp=True)
+        assert rows == ref[1] and kl == pytest.approx(ref[0], rel=2e-2)
+        for k, grad in ref[3].items():
+            assert (grads[k] - grad).norm() <= 5e-2 * grad.norm() + 1e-6, (dense, k)

@@ -5,7 +5,7 @@ predicting x_{i+2}). Step j >= 2 feeds each position the draft's own step-(j-1) 
 position i-1, as inference does for the j-th draft of a chain starting at t = i-j+1; its query sees
 the step-1 keys at positions <= t and the diagonal keys of steps 2..j of its own chain (exactly the
 draft's KV cache at that point of inference). Loss at every step: KL(teacher || draft) of the token
-that step predicts, restricted to the draft vocabulary (as spd.train.trainer.sequence_loss), on
+that step predicts, restricted to the draft vocabulary (as spd.train.trainer.batch_loss), on
 assistant positions whose teacher argmax is in the draft vocabulary. Budget = loss positions seen
 at step 1, like the PDM trainer; both are students of the one loop, spd.train.loop.
 """
@@ -20,7 +20,7 @@ import torch
 from spd.eagle.model import EagleDraft, default_feature_layers, random_eagle
 from spd.config import EagleTrainConfig
 from spd.train.loop import RunState, Setup, setup, train_student
-from spd.train.trainer import target_to_draft, teacher_kl
+from spd.train.trainer import loss_rows as teacher_rows, target_to_draft, teacher_kl
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +70,17 @@ def _prepare(seq: dict, cols: list[int], t2d: torch.Tensor, dev) -> tuple:
     return states, tokens, ids
 
 
+def loss_rows(seq: dict, t2d: torch.Tensor) -> torch.Tensor:
+    """Draft positions i [R] whose teacher row i+1 is a loss row (spd.train.trainer.loss_rows)."""
+    t = teacher_rows(seq, t2d)
+    return t[t >= 1] - 1
+
+
 def sequence_ttt_loss(draft: EagleDraft, seq: dict, cols: list[int], t2d: torch.Tensor, steps: int):
     """(kl summed over steps and rows, step-1 rows, step-1 hits) for one sequence; (None, 0, 0) if empty."""
     dev = draft.d2t.device
     states, tokens, ids = _prepare(seq, cols, t2d, dev)
-    valid = (seq["loss"].to(dev).bool() & (ids[:, 0] >= 0))[1:]  # [T-1] draft position i -> teacher row i+1
-    rows = valid.nonzero()[:, 0]
+    rows = loss_rows(seq, t2d.to(dev))
     if len(rows) == 0:
         return None, 0, 0
     top_p = seq["top_p"].to(dev)
@@ -139,8 +144,17 @@ class EagleStudent:
         self.cols = [s.cache.layers.index(b) for b in draft.config.feature_layers]
         self.t2d = target_to_draft(s.d2t, s.config.vocab_size)
 
-    def loss(self, seq: dict):
-        return sequence_ttt_loss(self.module, seq, self.cols, self.t2d, self.cfg.ttt)
+    def rows(self, seq: dict) -> int:
+        return len(loss_rows(seq, self.t2d.to(self.module.d2t.device)))
+
+    def loss(self, seqs: list[dict]):
+        """One sequence at a time (`sequence_ttt_loss`), summed."""
+        kl, rows, hits = None, 0, 0
+        for seq in seqs:
+            k, r, h = sequence_ttt_loss(self.module, seq, self.cols, self.t2d, self.cfg.ttt)
+            if k is not None:
+                kl, rows, hits = k if kl is None else kl + k, rows + r, hits + h
+        return kl, rows, hits
 
     def evaluate(self, seqs: list[dict]) -> dict:
         r = evaluate(self.module, seqs, self.cols, self.t2d, self.cfg.ttt)

@@ -14,19 +14,27 @@ drafter runs a plain causal forward over [cached depth-n positions, staircase]);
 number of PDM layers. The newest position of the staircase ending at t is row (s0, t): that is
 where the loss is taken.
 
-Each query reads exactly one copy per predecessor: the depth-n copy beyond a band of at most a
-offsets. `aligned_hidden_fast` (the training path) computes attention that way, one [T, T] product
-per copy plus the band diagonals, instead of one [C*T, C*T] masked product (C x less work; equal to
-`aligned_hidden`, the masked reference, to rounding; tested).
+`aligned_hidden` (the reference) runs that forward over all C·T rows through the dense [C·T, C·T]
+mask. The training path `aligned_batch_hidden` computes the same states at the loss rows only:
+
+* Rows: the copy at staircase offset o (depth s0+o < n) is read only along a loss row's diagonal,
+  so only its positions t-o for loss positions t are needed; the depth-n copy up to the last loss
+  position (`needed_rows`). Over a prompt, only the depth-n copy is left.
+* Last layer: only the loss rows need an output; every other row there only gives keys and values.
+* Attention written out: each query reads one copy per predecessor, the band diagonals (δ < its
+  band, gathered per row) and the depth-n copy beyond them, in one softmax; no [R, R] mask.
+* Batch: several sequences (each its own fill level) are packed row after row for the fusion,
+  projections and MLP; the depth-n keys are padded per sequence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import cast
 
 import torch
-from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, rotate_half
 
 from spd.core.pdm import PDM
 from spd.core.split import PipelineSplit
@@ -39,20 +47,27 @@ def copy_depths(n: int, a: int, s0: int) -> list[int]:
     return sorted({min(s0 + o, n) for o in range(a)} | {n})
 
 
+def band(k: torch.Tensor, n: int, a, s0: int) -> torch.Tensor:
+    """Staircase band of rows at depths k: a row reads its predecessors δ < band back at depth k+δ
+    (at most n) and everything older at depth n; 0 for the depth-n copy (it reads depth n only)."""
+    return torch.where(k < n, (s0 + a - k).clamp(min=0), 0)
+
+
+def may_attend(qdep, qpos, kdep, kpos, n: int, a, s0: int) -> torch.Tensor:
+    """The staircase mask (True = may attend) between query rows (qdep, qpos) and key rows (kdep,
+    kpos); all arguments broadcast (e.g. queries [.., Q, 1], keys [.., 1, K], a int or [.., 1, 1])."""
+    delta = qpos - kpos  # i - j
+    want = torch.where(delta < band(qdep, n, a, s0), (qdep + delta).clamp(max=n), n)  # depth_at(k, δ)
+    return (delta >= 0) & (kdep == want)
+
+
 def layout(T: int, n: int, a: int, s0: int, device=None):
     """Rows of the replicated sequence: depth [R], position [R], and the structural mask [R, R]
     (True = may attend). Rows are grouped by copy: row c*T + i is position i of copy depths[c]."""
     depths = copy_depths(n, a, s0)
-    C = len(depths)
     dep = torch.tensor(depths, device=device).repeat_interleave(T)  # [R]
-    pos = torch.arange(T, device=device).repeat(C)  # [R]
-    delta = pos[:, None] - pos[None, :]  # [R, R] i - j
-    in_stair = dep < s0 + a  # queries that sit in the staircase (offset o = dep - s0)
-    o = (dep - s0)[:, None]
-    want = torch.where(in_stair[:, None] & (o + delta < a), dep[:, None] + delta, torch.full_like(delta, n))
-    want = want.clamp(max=n)
-    mask = (delta >= 0) & (dep[None, :] == want)
-    return dep, pos, mask
+    pos = torch.arange(T, device=device).repeat(len(depths))  # [R]
+    return dep, pos, may_attend(dep[:, None], pos[:, None], dep[None], pos[None], n, a, s0)
 
 
 def eligible_counts(pdm: PDM, split: PipelineSplit) -> torch.Tensor:
@@ -76,87 +91,143 @@ def aligned_hidden(pdm: PDM, anchors: torch.Tensor, split: PipelineSplit, a: int
 
 def aligned_logits(pdm: PDM, anchors: torch.Tensor, split: PipelineSplit, a: int, s0: int,
                    rows: torch.Tensor | None = None, dense: bool = False) -> torch.Tensor:
-    """Draft logits at the newest staircase position for each t (or the positions `rows`): [T|len(rows), V_s].
-    `dense`: the reference path through the full [R, R] mask (same result, slower)."""
+    """Draft logits at the newest staircase position for each t (or the ascending positions `rows`):
+    [T|len(rows), V_s]. `dense`: the reference path through the full [R, R] mask (same result, slower)."""
     T = anchors.shape[0]
-    h, c = (aligned_hidden if dense else aligned_hidden_fast)(pdm, anchors, split, a, s0)
-    newest = h[c * T:(c + 1) * T]
-    if rows is not None:
-        newest = newest[rows]
-    return pdm.logits(newest)
+    rows = torch.arange(T, device=anchors.device) if rows is None else rows
+    if not dense:
+        return pdm.logits(aligned_batch_hidden(pdm, [(anchors, a, rows)], split, s0))
+    h, c = aligned_hidden(pdm, anchors, split, a, s0)
+    return pdm.logits(h[c * T:(c + 1) * T][rows])
 
 
-def _copy_sources(n: int, a: int, s0: int) -> list[list[int]]:
-    """For each copy c, src[c][δ] = the copy whose keys position i of copy c reads at offset δ, for
-    the band δ < len(src[c]) (beyond it: the depth-n copy, the last one)."""
-    depths = copy_depths(n, a, s0)
-    out = []
-    for k in depths:
-        o = k - s0
-        band = a - o if k < s0 + a else 0
-        out.append([depths.index(min(k + d, n)) for d in range(max(band, 0))])
-    return out
+def needed_rows(rows: torch.Tensor, n: int, a: int, s0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows that the loss rows at the ascending positions `rows` depend on, through any number of
+    layers: copy depth k < n (offset o = k - s0) at positions rows - o >= 0 (a copy is read only
+    along a loss row's diagonal), the depth-n copy at 0..rows[-1]. Their depth [R] and position [R],
+    grouped by copy (ascending depth), ascending positions."""
+    pos = [torch.arange(int(rows[-1]) + 1, device=rows.device) if k == n else rows[rows >= k - s0] - (k - s0)
+           for k in copy_depths(n, a, s0)]
+    dep = torch.cat([torch.full_like(p, k) for k, p in zip(copy_depths(n, a, s0), pos)])
+    return dep, torch.cat(pos)
 
 
-def _staircase_attention(q, k, v, T: int, sources: list[list[int]], scale: float):
-    """Attention under the layout's mask without forming it: q, k, v [H, C*T, D] (k, v already
-    repeated to H heads). Copy c's query at i reads copy sources[c][δ] at j = i - δ inside its band
-    and the depth-n copy (the last) further back; so each copy costs one [T, T] product against
-    the depth-n keys plus a few diagonals, instead of a [C*T, C*T] one."""
-    H, _, D = q.shape
-    C = len(sources)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    kn, vn = k[:, (C - 1) * T:], v[:, (C - 1) * T:]  # depth-n copy: [H, T, D]
-    outs = []
-    for c, band in enumerate(sources):
-        qc = q[:, c * T:(c + 1) * T]  # [H, T, D]
-        s = (qc @ kn.transpose(1, 2)) * scale  # [H, T, T]
-        keep = causal.clone()
-        diags = []
-        for d, src in enumerate(band):
-            i = torch.arange(d, T, device=q.device)
-            keep[i, i - d] = False  # these entries come from copy `src`, not from depth n
-            ks = k[:, src * T:(src + 1) * T]
-            diags.append(((qc[:, d:] * ks[:, :T - d]).sum(-1) * scale, d, src))  # [H, T - d]
-        s = s.masked_fill(~keep, float("-inf"))
-        # softmax over the row's real keys: the depth-n entries and the band diagonals together
-        parts = [s] + [torch.nn.functional.pad(x, (d, 0), value=float("-inf")).unsqueeze(-1) for x, d, _ in diags]
-        m = torch.cat([p.amax(-1, keepdim=True) for p in parts], -1).amax(-1, keepdim=True)  # [H, T, 1]
-        es = torch.exp(s - m)
-        ed = [torch.exp(p - m) for p in parts[1:]]  # each [H, T, 1]
-        z = es.sum(-1, keepdim=True) + sum(e for e in ed) if ed else es.sum(-1, keepdim=True)
-        out = es @ vn  # [H, T, D]
-        for e, (_, d, src) in zip(ed, diags):
-            vs = torch.nn.functional.pad(v[:, src * T:(src + 1) * T][:, :T - d], (0, 0, d, 0))  # value at i - d, row i
-            out = out + e * vs
-        outs.append(out / z)
-    return torch.cat(outs, 1)  # [H, C*T, D]
+@dataclass
+class Packed:
+    """The needed rows of several sequences packed one sequence after another (N rows), and for each
+    row its keys in the written-out form of the mask: the band diagonals (δ < A = the largest fill
+    level) and the depth-n copy up to `lim`. Sequence b's depth-n rows are padded to Tn."""
+
+    dep: torch.Tensor  # [N] depth
+    pos: torch.Tensor  # [N] position
+    lim: torch.Tensor  # [N] the newest depth-n position it reads beyond its band (pos - band)
+    band: torch.Tensor  # [N, A] packed index of the key it reads δ back inside its band (0: none)
+    band_ok: torch.Tensor  # [N, A] whether there is one
+    depth_n: torch.Tensor  # [B, Tn] packed index of sequence b's depth-n row j (padding: its last)
+    loss: torch.Tensor  # [N_L] packed index of the loss rows (copy min(s0, n)), sequence by sequence
+    counts: torch.Tensor  # [B] rows per sequence
+    loss_counts: torch.Tensor  # [B] loss rows per sequence
 
 
-def aligned_hidden_fast(pdm: PDM, anchors: torch.Tensor, split: PipelineSplit, a: int, s0: int) -> tuple[torch.Tensor, int]:
-    """`aligned_hidden` with the staircase attention written out (same result, ~C x less attention)."""
-    import sys
+def pack(items: list[tuple[int, torch.Tensor]], n: int, s0: int) -> Packed:
+    """items: per sequence (fill level a, ascending loss positions [L_b]) -> the packed layout."""
+    dev = items[0][1].device
+    A = max(a for a, _ in items)
+    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("dep", "pos", "lim", "band", "band_ok", "depth_n", "loss")}
+    off = 0
+    for a, rows in items:
+        dep, pos = needed_rows(rows, n, a, s0)
+        T = int(rows[-1]) + 1
+        where = torch.full((n + 1, T), -1, dtype=torch.long, device=dev)  # packed index of (depth, position)
+        where[dep, pos] = off + torch.arange(len(dep), device=dev)
+        bl = band(dep, n, a, s0)  # [R]
+        delta = torch.arange(A, device=dev)  # [A]
+        src = where[(dep[:, None] + delta).clamp(max=n), (pos[:, None] - delta).clamp(min=0)]  # [R, A]
+        ok = (delta < bl[:, None]) & (pos[:, None] >= delta)
+        for k, v in (("dep", dep), ("pos", pos), ("lim", pos - bl),
+                     ("band", torch.where(ok, src, 0)), ("band_ok", ok), ("depth_n", where[n]),
+                     ("loss", where[min(s0, n), rows])):
+            cols[k].append(v)
+        off += len(dep)
+    Tn = max(len(x) for x in cols["depth_n"])
+    depth_n = torch.stack([torch.cat([x, x[-1:].expand(Tn - len(x))]) for x in cols["depth_n"]])  # [B, Tn]
+    cat = {k: torch.cat(v) for k, v in cols.items() if k != "depth_n"}
+    counts = torch.tensor([len(x) for x in cols["dep"]], device=dev)
+    loss_counts = torch.tensor([len(x) for x in cols["loss"]], device=dev)
+    return Packed(cat["dep"], cat["pos"], cat["lim"], cat["band"], cat["band_ok"], depth_n,
+                  cat["loss"], counts, loss_counts)
 
-    T = anchors.shape[0]
-    n = split.n
-    depths = copy_depths(n, a, s0)
-    dep = torch.tensor(depths, device=anchors.device).repeat_interleave(T)
-    pos = torch.arange(T, device=anchors.device).repeat(len(depths))
-    ne = eligible_counts(pdm, split).to(anchors.device)[dep]
-    h = pdm.fuse(anchors[pos], ne)[None]  # [1, R, w]
-    cos, sin = pdm.rotary(h, pos[None])
-    sources = _copy_sources(n, a, s0)
-    for layer in cast(Iterable[Qwen3DecoderLayer], pdm.layers):  # PDM builds Qwen3 decoder layers
-        attn = layer.self_attn
-        rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        x = layer.input_layernorm(h)
-        hd = attn.head_dim
-        q = attn.q_norm(attn.q_proj(x).view(1, -1, attn.config.num_attention_heads, hd)).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(x).view(1, -1, attn.config.num_key_value_heads, hd)).transpose(1, 2)
-        v = attn.v_proj(x).view(1, -1, attn.config.num_key_value_heads, hd).transpose(1, 2)
-        q, k = rotary(q, k, cos, sin)  # [1, H, R, D], [1, H_kv, R, D]
-        g = q.shape[1] // k.shape[1]
-        o = _staircase_attention(q[0], k[0].repeat_interleave(g, 0), v[0].repeat_interleave(g, 0), T, sources, attn.scaling)
-        h = h + attn.o_proj(o.transpose(0, 1).reshape(1, -1, q.shape[1] * hd))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return h[0], depths.index(min(s0, n))
+
+def _padded(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows grouped by sequence (counts [B] each) -> their padded view: index [B, W] into the rows
+    (padding: 0) and where each row sits in [B * W] [sum counts]."""
+    W = int(counts.max())
+    j = torch.arange(W, device=counts.device)  # [W]
+    starts = counts.cumsum(0) - counts  # [B]
+    index = torch.where(j < counts[:, None], starts[:, None] + j, 0)  # [B, W]
+    return index, (j < counts[:, None]).flatten().nonzero()[:, 0]
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, D]; cos, sin: [N, D] -> x rotated (apply_rotary_pos_emb, for one tensor)."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Packed, rows: torch.Tensor,
+               counts: torch.Tensor, scale: float) -> torch.Tensor:
+    """Staircase attention of the packed rows `rows` [N_q] (per sequence `counts` [B]): q [N_q, H, D]
+    their queries, k, v [N, H_kv, D] every row's keys/values -> [N_q, H * D]. Scores against the
+    sequence's depth-n keys (padded, [B, H, Q, Tn]) and the band diagonals ([N_q, A, H]) share one
+    softmax (fp32)."""
+    H, D = q.shape[1:]
+    g = H // k.shape[1]
+    index, unpad = _padded(counts)  # [B, Q], [N_q]
+    B, Q = index.shape
+    kn = k[p.depth_n].repeat_interleave(g, 2).transpose(1, 2)  # [B, H, Tn, D]
+    vn = v[p.depth_n].repeat_interleave(g, 2).transpose(1, 2)
+    s_n = q[index].transpose(1, 2) @ kn.transpose(2, 3) * scale  # [B, H, Q, Tn]
+    late = torch.arange(kn.shape[2], device=q.device) > p.lim[rows][index][..., None]  # [B, Q, Tn]
+    s_n = s_n.float().masked_fill(late[:, None], float("-inf"))
+    kb = k[p.band[rows]].repeat_interleave(g, 2)  # [N_q, A, H, D]
+    vb = v[p.band[rows]].repeat_interleave(g, 2)
+    s_b = ((q[:, None] * kb).sum(-1) * scale).float().masked_fill(~p.band_ok[rows][..., None], float("-inf"))  # [N_q, A, H]
+    w = torch.softmax(torch.cat([s_n, s_b[index].permute(0, 3, 1, 2)], -1), -1).to(v.dtype)  # [B, H, Q, Tn + A]
+    Tn = kn.shape[2]
+    o_n = (w[..., :Tn] @ vn).transpose(1, 2).reshape(B * Q, H * D)[unpad]  # [N_q, H * D]
+    w_b = w[..., Tn:].permute(0, 2, 3, 1).reshape(B * Q, -1, H)[unpad]  # [N_q, A, H]
+    return o_n + (w_b[..., None] * vb).sum(1).reshape(-1, H * D)
+
+
+def _layer(layer: Qwen3DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: Packed,
+           last: bool) -> torch.Tensor:
+    """One decoder layer over the packed rows h [N, w] (the layer's own modules and math): the new
+    states of every row [N, w], or in the `last` layer of the loss rows only [N_L, w]."""
+    attn = layer.self_attn
+    hd = attn.head_dim
+    x = layer.input_layernorm(h)  # [N, w]
+    k = _rope(attn.k_norm(attn.k_proj(x).view(len(x), -1, hd)), cos, sin)  # [N, H_kv, D]
+    v = attn.v_proj(x).view(len(x), -1, hd)  # [N, H_kv, D]
+    rows, counts = torch.arange(len(h), device=h.device), p.counts  # queries: every row
+    if last:  # only the loss rows
+        rows, counts, h, x, cos, sin = p.loss, p.loss_counts, h[p.loss], x[p.loss], cos[p.loss], sin[p.loss]
+    q = _rope(attn.q_norm(attn.q_proj(x).view(len(x), -1, hd)), cos, sin)  # [N_q, H, D]
+    h = h + attn.o_proj(_attention(q, k, v, p, rows, counts, attn.scaling))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def aligned_batch_hidden(pdm: PDM, items: list[tuple[torch.Tensor, int, torch.Tensor]], split: PipelineSplit,
+                         s0: int) -> torch.Tensor:
+    """items: per sequence (anchors [T_b, m, d] (any float dtype: read as fp32), fill level a_b,
+    ascending loss positions [L_b]) -> PDM hidden states (before the final norm) at the loss rows of all of them, sequence after
+    sequence: [sum L_b, w]. Equal to `aligned_hidden`'s rows (k = s0, t) per sequence, to rounding
+    (tested)."""
+    p = pack([(a, rows) for _, a, rows in items], split.n, s0)
+    pos = torch.split(p.pos, p.counts.tolist())
+    anchors = torch.cat([x[i].float() for (x, _, _), i in zip(items, pos)])  # [N, m, d]
+    ne = eligible_counts(pdm, split).to(p.dep.device)[p.dep]  # [N]
+    h = pdm.fuse(anchors, ne)  # [N, w]
+    cos, sin = (x[0] for x in pdm.rotary(h[None], p.pos[None]))  # [N, D] each
+    layers = list(cast(Iterable[Qwen3DecoderLayer], pdm.layers))  # PDM builds Qwen3 decoder layers
+    for i, layer in enumerate(layers):
+        h = _layer(layer, h, cos, sin, p, last=i == len(layers) - 1)
+    return h

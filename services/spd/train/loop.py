@@ -5,7 +5,10 @@ accumulation, held-out evaluation, checkpoint + resume. What is trained plugs in
 One optimizer step accumulates `batch_tokens` loss positions; rows of the sequence that crosses the
 boundary count towards the next step, so step k has seen k * batch_tokens positions (± one
 sequence) and the step-based schedule (linear warm-up, then linear decay to 0 at the budget,
-transformers' get_linear_schedule_with_warmup) ends where the token budget does.
+transformers' get_linear_schedule_with_warmup) ends where the token budget does. A sequence's rows
+are counted before its forward (`Student.rows`), so the sequences of a step reach the student in
+one `loss` call when the step is due (the PDM packs them into one forward): the same gradient and
+the same accounting as one sequence at a time. AdamW runs fused (one kernel per step).
 
 A checkpoint (OUT/ckpt.pt) holds the student's weights under its `name`, the optimizer state, the
 run counters (RunState) at the top level, the student's own extra state, and the config; resuming
@@ -56,8 +59,13 @@ class Student(Protocol):
         """The trained parameters."""
         ...
 
-    def loss(self, seq: dict) -> tuple[torch.Tensor | None, int, int]:
-        """(KL summed over the sequence's loss rows, rows, top-1 hits); (None, 0, 0) if it has none."""
+    def rows(self, seq: dict) -> int:
+        """The loss rows the sequence contributes (known before its forward)."""
+        ...
+
+    def loss(self, seqs: list[dict]) -> tuple[torch.Tensor | None, int, int]:
+        """(KL summed over the sequences' loss rows, rows, top-1 hits), in one go (a student may batch
+        them); (None, 0, 0) if they have none."""
         ...
 
     def evaluate(self, seqs: list[dict]) -> dict:
@@ -174,7 +182,8 @@ class _Loop:
         self.out = Path(cfg.out)
         self.ranks = Ranks(cfg.device)
         self.params = [p for p in student.module.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
+                                     fused=torch.device(cfg.device).type in ("cpu", "cuda"))  # one kernel per step
         self.budget = cfg.tokens or int(self.cache.progress().get("loss_tokens", 0)) * cfg.epochs
         self.run = RunState()
         if state is not None:
@@ -252,28 +261,31 @@ class _Loop:
         autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.amp),
                                   enabled=cfg.amp != "float32")
         last_eval = last_ckpt = t_run = time.perf_counter()
-        pending = 0  # loss rows in the gradient not yet stepped on (may run past batch_tokens by one sequence)
+        pending = 0  # loss rows not yet stepped on (may run past batch_tokens by one sequence)
         rows_s, kl_s, hits_s = 0, 0.0, 0  # since the last optimizer step, for the logs
         self.student.module.train()
         self.opt.zero_grad(set_to_none=True)
         sequences = self.sequences()
+        step_seqs: list[dict] = []  # this rank's sequences of the coming step: one loss call when it is due
         while True:
             seq = next(sequences, None)
-            kl, rows, hits = None, 0, 0
-            if seq is not None:
-                with autocast:
-                    kl, rows, hits = self.student.loss(seq)
-            if kl is not None:
-                (kl / cfg.batch_tokens).backward()
-                kl_s, hits_s = kl_s + kl.item(), hits_s + hits
-            rows, (exhausted,) = self.ranks.agree(rows, seq is None)  # rows over all ranks; stop when any rank runs out
+            rows, (exhausted,) = self.ranks.agree(self.student.rows(seq) if seq is not None else 0,
+                                                  seq is None)  # rows over all ranks; stop when any rank runs out
             if exhausted:
                 break
+            assert seq is not None  # (else exhausted)
+            step_seqs.append(seq)
             pending, rows_s, run.seen = pending + rows, rows_s + rows, run.seen + rows
             bar.update(rows)
             if pending < cfg.batch_tokens:
                 continue
             pending -= cfg.batch_tokens
+            with autocast:
+                kl, _, hits = self.student.loss(step_seqs)
+            step_seqs = []
+            if kl is not None:
+                (kl / cfg.batch_tokens).backward()
+                kl_s, hits_s = kl_s + kl.item(), hits_s + hits
             self.ranks.sum_grads(self.params)
             torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             self.opt.step()

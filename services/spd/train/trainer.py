@@ -3,7 +3,8 @@ forward, KL to the teacher restricted to the draft vocabulary, held-out top-1 ag
 
 Public API (reused by `spd train`, the benchmarks and the eval harness):
   train(cfg: spd.config.TrainConfig) -> PDM
-  sequence_loss(pdm, seq, split, a, s0, t2d, cols) -> (kl_sum, rows, hits)
+  batch_loss(pdm, seqs, split, fills, s0, t2d, cols) -> (kl_sum, rows, hits)
+  loss_rows(seq, t2d) -> the loss positions of a sequence
   evaluate(pdm, seqs, split, s0, t2d, cols, fill=None) -> {"loss", "p", "p_in_vocab", "tokens"}
   sample_fill(n, rng, p_full)
 """
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from spd.core.pdm import PDM, random_pdm
 from spd.core.schedule import staircase_offset
 from spd.core.split import PipelineSplit, default_anchors, uniform_split
-from spd.train.aligned import aligned_logits
+from spd.train.aligned import aligned_batch_hidden, aligned_logits
 from spd.config import TrainConfig
 from spd.train.loop import RunState, Setup, setup, train_student
 
@@ -53,33 +54,99 @@ def target_to_draft(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return t2d
 
 
+def teacher_probs(d: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The teacher's top-k restricted to the draft vocabulary and renormalised: d [R, k] its top ids as
+    draft ids (-1 outside), top_p [R, k] -> [R, k] fp32."""
+    p = top_p.float() * (d >= 0)
+    return p / p.sum(-1, keepdim=True)
+
+
 def teacher_kl(logits: torch.Tensor, d: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Sum over rows of KL(teacher || draft): logits [R, V_s]; d [R, k] the teacher's top ids as draft
-    ids (-1 outside the draft vocabulary); top_p [R, k]. The teacher is restricted to the draft
-    vocabulary and renormalised."""
-    p = top_p.float() * (d >= 0)
-    p = p / p.sum(-1, keepdim=True)
+    ids (-1 outside the draft vocabulary); top_p [R, k] (`teacher_probs`)."""
+    p = teacher_probs(d, top_p)
     lq = F.log_softmax(logits.float(), dim=-1).gather(1, d.clamp(min=0))
     return (p * (torch.log(p.clamp_min(1e-20)) - lq)).sum()
 
 
-def sequence_loss(pdm: PDM, seq: dict, split: PipelineSplit, a: int, s0: int, t2d: torch.Tensor,
-                  cols: list[int], dense: bool = False):
-    """KL(teacher || PDM) summed over the loss rows of one sequence: newest staircase position (the
-    depth-s0 copy), assistant tokens only, teacher argmax inside the draft vocabulary; the teacher's
-    top-k restricted to the draft vocabulary and renormalised. Returns (kl_sum, rows, hits)."""
+class _HeadKL(torch.autograd.Function):
+    """`teacher_kl` of the logits x Wᵀ, with the top-1 hits, a chunk of rows at a time: the [R, V_s]
+    logits never exist in full (nor in fp32), and the forward already forms their gradient
+    softmax · Σp - p (per row, in the compute dtype) so that the backward is two matmuls."""
+
+    @staticmethod
+    def forward(ctx, x, weight, d, p, chunk: int):  # x: [R, w]; weight: [V_s, w]; d: [R, k] (>= 0); p: [R, k]
+        w = weight.to(x.dtype)  # [V_s, w] in the compute dtype
+        grad = torch.empty(len(x), len(w), dtype=x.dtype, device=x.device)  # [R, V_s] d kl / d logits
+        kl = torch.zeros((), device=x.device)
+        hits = torch.zeros((), dtype=torch.long, device=x.device)
+        zc = x.new_empty(min(chunk, len(x)), len(w))  # [c, V_s] a chunk's logits, in the compute dtype
+        z = torch.empty(zc.shape, device=x.device)  # and in fp32 (buffers reused: no fresh pages per chunk)
+        for r in range(0, len(x), chunk):
+            c = min(chunk, len(x) - r)
+            torch.mm(x[r:r + c], w.T, out=zc[:c])
+            zf = z[:c].copy_(zc[:c])
+            dc, pc = d[r:r + c], p[r:r + c]
+            hits += (zf.argmax(-1) == dc[:, 0]).sum()
+            zd = zf.gather(1, dc)  # [c, k]
+            m = zf.amax(-1, keepdim=True)  # [c, 1]
+            e = zf.sub_(m).exp_()  # [c, V_s] exp(z - m), in place
+            s = e.sum(-1, keepdim=True)
+            kl += (pc * (torch.log(pc.clamp_min(1e-20)) - (zd - m - s.log()))).sum()
+            grad[r:r + c] = e.mul_(pc.sum(-1, keepdim=True) / s).scatter_add_(1, dc, -pc)  # softmax · Σp - p
+        ctx.save_for_backward(x, w, grad)
+        ctx.weight_dtype = weight.dtype
+        return kl, hits
+
+    @staticmethod
+    def backward(ctx, g_kl, _):
+        x, w, grad = ctx.saved_tensors
+        g = float(g_kl)  # a Python scalar: applied in fp32 (as a bf16 tensor it would round, e.g. 1/1000)
+        return (grad @ w) * g, (grad.T @ (x * g)).to(ctx.weight_dtype), None, None, None
+
+
+def head_kl(pdm: PDM, h: torch.Tensor, d: torch.Tensor, top_p: torch.Tensor, chunk: int = 256):
+    """`teacher_kl(pdm.logits(h), d, top_p)` and the top-1 hits (draft argmax = d[:, 0]) for hidden
+    states h [R, w], through `_HeadKL` (the head in the autocast dtype where autocast is on)."""
+    x = pdm.norm(h)  # [R, w]
+    dev = x.device.type
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    kl, hits = _HeadKL.apply(x.to(dt), pdm.head.weight, d.clamp(min=0), teacher_probs(d, top_p), chunk)
+    return kl, int(hits)
+
+
+def loss_rows(seq: dict, t2d: torch.Tensor) -> torch.Tensor:
+    """A sequence's loss positions [L] (ascending): assistant tokens whose teacher argmax is inside
+    the draft vocabulary (t2d: target id -> draft id, -1 outside)."""
+    top = seq["top_ids"][:, 0].to(t2d.device).long()  # [T]
+    return (seq["loss"].to(t2d.device).bool() & (t2d[top] >= 0)).nonzero()[:, 0]
+
+
+def batch_loss(pdm: PDM, seqs: list[dict], split: PipelineSplit, fills: list[int], s0: int, t2d: torch.Tensor,
+               cols: list[int], dense: bool = False):
+    """KL(teacher || PDM) summed over the loss rows (`loss_rows`) of the sequences `seqs`, seqs[b] at
+    fill level fills[b]: the newest staircase position (the depth-s0 copy), the teacher's top-k
+    restricted to the draft vocabulary and renormalised. One packed forward for all of them
+    (`dense`: the masked reference, one sequence at a time). Returns (kl_sum, rows, hits); (None, 0, 0)
+    if none has a loss row."""
     dev = pdm.d2t.device
-    anchors = seq["anchors"][:, cols].to(dev).float()
-    ids = t2d.to(dev)[seq["top_ids"].to(dev).long()]  # [T, k] draft ids, -1 outside
-    valid = seq["loss"].to(dev).bool() & (ids[:, 0] >= 0)
-    rows = valid.nonzero()[:, 0]
-    if len(rows) == 0:
+    t2d = t2d.to(dev)
+    items, ids, probs = [], [], []
+    for seq, a in zip(seqs, fills):
+        rows = loss_rows(seq, t2d)  # [L]
+        if len(rows):
+            items.append((seq["anchors"][:, cols].to(dev), a, rows))  # the cache's dtype
+            ids.append(t2d[seq["top_ids"].to(dev)[rows].long()])  # [L, k] draft ids, -1 outside
+            probs.append(seq["top_p"].to(dev)[rows].float())  # [L, k]
+    if not items:
         return None, 0, 0
-    logits = aligned_logits(pdm, anchors, split, a, s0, rows, dense=dense)
-    d = ids[rows]
-    kl = teacher_kl(logits, d, seq["top_p"].to(dev)[rows])
+    d, top_p = torch.cat(ids), torch.cat(probs)
+    if not dense:
+        kl, hits = head_kl(pdm, aligned_batch_hidden(pdm, items, split, s0), d, top_p)
+        return kl, len(d), hits
+    logits = torch.cat([aligned_logits(pdm, x.float(), split, a, s0, rows, dense=True) for x, a, rows in items])
     hits = int((logits.argmax(-1) == d[:, 0]).sum())
-    return kl, len(rows), hits
+    return teacher_kl(logits, d, top_p), len(d), hits
 
 
 @torch.no_grad()
@@ -145,9 +212,12 @@ class PdmStudent:
         self.cols = [s.cache.layers.index(b) for b in pdm.config.anchors]
         self.rng = random.Random(cfg.seed)
 
-    def loss(self, seq: dict):
-        a = sample_fill(self.cfg.n, self.rng, self.cfg.p_full, self.cfg.fill)
-        return sequence_loss(self.module, seq, self.split, a, self.s0, self.t2d, self.cols)
+    def rows(self, seq: dict) -> int:
+        return len(loss_rows(seq, self.t2d))
+
+    def loss(self, seqs: list[dict]):
+        fills = [sample_fill(self.cfg.n, self.rng, self.cfg.p_full, self.cfg.fill) for _ in seqs]
+        return batch_loss(self.module, seqs, self.split, fills, self.s0, self.t2d, self.cols)
 
     def evaluate(self, seqs: list[dict]) -> dict:
         r = evaluate(self.module, seqs, self.split, self.s0, self.t2d, self.cols)
