@@ -1,10 +1,13 @@
 """Benchmark (not a test): drafter-data and training throughput, yesterday's settings vs today's, side by side.
 
-Teacher = self-generated training data, "tokens generated and recorded per second":
-  old  HF generate, bf16, batch 16, anchors + top-k captured by hooks while generating
-       (`spd.train.teacher.generate_teacher`, the former `prepare selfgen` defaults)
-  new  continuous-batching generation of token ids, bf16, batch 128 (`spd.train.batch_decode`), then
-       the features by one batched bf16 prefill (`spd.train.online`); timed together
+Teacher = self-generated training data, "response tokens generated and recorded (anchors + top-k)
+per second", greedy, on a seeded sample of the self-generation prompts (sorted by length):
+  old          HF generate, bf16, batch 16, anchors + top-k captured by forward hooks while
+               generating, written as cache shards (the former `prepare selfgen`, kept below)
+  ids+prefill  continuous-batching generation of token ids, bf16, batch B (`spd.train.batch_decode`),
+               then the features by batched bf16 prefills (`spd.train.online`); timed together
+  new          continuous batching, bf16, batch B, the features recorded by the decode steps
+               themselves, written as cache shards (`spd.train.teacher.record_teacher`)
 Trainer = PDM positions per second (aligned forward + KL + backward + AdamW), same sequences:
   old  fp32, one sequence per forward, attention through the dense [C*T, C*T] staircase mask
   new  bf16 autocast (fp32 master weights and optimizer state), one packed forward per optimizer
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -32,25 +36,64 @@ from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.train.batch_decode import BatchDecoder
 from spd.train.online import OnlineTeacher
 from spd.train.selfgen import selfgen_jobs
-from spd.train.teacher import cache_layers, generate_teacher, load_hf
+from spd.train.teacher import TOP_K, ShardWriter, _Capture, cache_layers, load_hf, record_teacher
 from spd.train.trainer import batch_loss, loss_rows, target_to_draft
 from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 
-def teacher_old(model_dir, prompts, max_new, eos) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        generate_teacher(model_dir, prompts, Path(tmp) / "c", batch=16, max_new=max_new, eos_id=eos)
-        dt = time.perf_counter() - t0
-        tokens = json.loads((Path(tmp) / "c" / "progress.json").read_text())["loss_tokens"]
+@torch.inference_mode()
+def hf_generate_teacher(model_dir, prompts, out: Path, batch: int, max_new: int, eos: int) -> None:
+    """The former self-generation teacher: HF `generate`, `batch` left-padded prompts at a time (each
+    batch waits for its longest answer), hooks recording H[b] and the top-k at every step."""
+    model = load_hf(model_dir)
+    layers = cache_layers(model.config.num_hidden_layers)
+    writer, cap = ShardWriter(out, layers, {"source": "self-generated"}), _Capture(model, layers)
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        P = max(len(p) for p in chunk)
+        ids = torch.tensor([[eos] * (P - len(p)) + p for p in chunk])
+        attn = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in chunk])
+        cap.states, cap.tops = [], []
+        gen = model.generate(input_ids=ids, attention_mask=attn, do_sample=False, max_new_tokens=max_new,
+                             pad_token_id=eos, eos_token_id=eos)[:, P:]  # [B, G]
+        states = torch.cat(cap.states, dim=1)  # [B, P + steps, m, d]
+        top_i = torch.stack([t[0] for t in cap.tops], dim=1)  # [B, steps, k]: step s predicts gen[s]
+        top_p = torch.stack([t[1] for t in cap.tops], dim=1)
+        for b, p in enumerate(chunk):
+            g = gen[b].tolist()
+            g = g[:g.index(eos) + 1] if eos in g else g
+            n = len(p) + len(g) - 1  # positions: prompt + g[:-1]
+            ti, tp = torch.zeros(n, TOP_K, dtype=torch.int32), torch.zeros(n, TOP_K, dtype=torch.float16)
+            ti[len(p) - 1:], tp[len(p) - 1:] = top_i[b, :len(g)], top_p[b, :len(g)]
+            writer.add(p + g[:-1], [0] * (len(p) - 1) + [1] * len(g), states[b, P - len(p):P - len(p) + n].clone(), ti, tp)
+        writer.flush_if_full(i + len(chunk), 0.0)
+    writer.flush_if_full(len(prompts), 0.0, force=True)
+    cap.close()
+
+
+def _timed(write, out: Path) -> dict:
+    t0 = time.perf_counter()
+    write(out)
+    dt = time.perf_counter() - t0
+    tokens = json.loads((out / "progress.json").read_text())["loss_tokens"]
     return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt}
 
 
-def teacher_new(model_dir, prompts, max_new, eos, layers) -> tuple[dict, list[dict]]:
+def teacher_old(model_dir, prompts, max_new, eos, tmp: Path) -> dict:
+    return _timed(lambda out: hf_generate_teacher(model_dir, prompts, out, 16, max_new, eos), tmp / "old")
+
+
+def teacher_new(model_dir, prompts, max_new, eos, batch: int, tmp: Path) -> dict:
+    return {"batch": batch, **_timed(lambda out: record_teacher(model_dir, prompts, out, batch, max_new, eos_id=eos),
+                                     tmp / "new")}
+
+
+def teacher_ids_prefill(model_dir, prompts, max_new, eos, layers, batch: int) -> tuple[dict, list[dict]]:
+    """Token ids first, then the features by prefill (also the sequences the trainer is timed on)."""
     model = load_hf(model_dir)
     got: dict[int, list[int]] = {}
     t0 = time.perf_counter()
-    BatchDecoder(model, 128, max_new, eos).run(
+    BatchDecoder(model, batch, max_new, eos).run(
         [(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)))
     t_gen = time.perf_counter() - t0
     teacher = OnlineTeacher(model_dir, layers)
@@ -59,7 +102,7 @@ def teacher_new(model_dir, prompts, max_new, eos, layers) -> tuple[dict, list[di
     feats = teacher.features(seqs)
     t_feat = time.perf_counter() - t1
     tokens = sum(len(r) for r in got.values())
-    return {"tokens": tokens, "seconds": t_gen + t_feat, "generate_s": t_gen, "features_s": t_feat,
+    return {"batch": batch, "tokens": tokens, "seconds": t_gen + t_feat, "generate_s": t_gen, "features_s": t_feat,
             "tokens_per_s": tokens / (t_gen + t_feat)}, feats
 
 
@@ -106,9 +149,24 @@ def trainer(config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int 
     return {"amp": amp, "dense_mask": dense, "positions": rows_total, "seconds": dt, "positions_per_s": rows_total / dt}
 
 
+def machine() -> dict:
+    """What bounds the teacher here: the CPU's bf16 matrix units and the bf16 GEMM rate they reach
+    (a target token costs 2 x params FLOPs, so rate / (2 x params) is the prefill ceiling)."""
+    flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("flags")), [])
+    x, w = torch.randn(2048, 576, dtype=torch.bfloat16), torch.randn(1536, 576, dtype=torch.bfloat16)
+    torch.nn.functional.linear(x, w)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        torch.nn.functional.linear(x, w)
+    gflops = 20 * 2 * x.shape[0] * w.numel() / (time.perf_counter() - t0) / 1e9
+    return {"amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags, "bf16_gemm_gflops": round(gflops)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="spd bench train_throughput")
-    ap.add_argument("--prompts", type=int, default=128, help="ShareGPT prompts generated for (default 128)")
+    ap.add_argument("--prompts", type=int, default=256, help="self-generation prompts generated for (default 256)")
+    ap.add_argument("--batch", type=int, default=128, help="rows decoding together in the new teachers (default 128)")
     ap.add_argument("--max-new", type=int, default=128, help="response cap (default 128)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for every measurement (default 2)")
     ap.add_argument("--train-seqs", type=int, default=48, help="sequences per trainer measurement (default 48)")
@@ -117,22 +175,36 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(None)
     config, tok = load_config(model_dir), load_tokenizer(model_dir)
-    prompts = [list(j.prompt) for j in selfgen_jobs(tok) if j.temperature == 0][: args.prompts]
-    layers = cache_layers(config.num_hidden_layers)
-    old = teacher_old(model_dir, prompts, args.max_new, tok.eos_token_id)
-    new, feats = teacher_new(model_dir, prompts, args.max_new, tok.eos_token_id, layers)
+    greedy = [j for j in selfgen_jobs(tok) if j.temperature == 0]
+    prompts = sorted((list(j.prompt) for j in random.Random(0).sample(greedy, args.prompts)), key=len)
+    layers, eos = cache_layers(config.num_hidden_layers), tok.eos_token_id
+    with tempfile.TemporaryDirectory() as tmp:
+        old = teacher_old(model_dir, prompts, args.max_new, eos, Path(tmp))
+        new = teacher_new(model_dir, prompts, args.max_new, eos, args.batch, Path(tmp))
+    two_pass, feats = teacher_ids_prefill(model_dir, prompts, args.max_new, eos, layers, args.batch)
     seqs = feats[: args.train_seqs]
     trainer(config, seqs[:4], layers, "float32", True)  # warm-up
     t_old = trainer(config, seqs, layers, "float32", True)
     t_new = trainer(config, seqs, layers, "bfloat16", False)
-    result = {"threads": args.threads, "prompts": len(prompts), "max_new": args.max_new,
-              "teacher": {"old": old, "new": new, "speedup": new["tokens_per_s"] / old["tokens_per_s"]},
+    params = sum(p.numel() for p in load_hf(model_dir).parameters())
+    cpu = {**machine(), "target_params": params}
+    cpu["prefill_ceiling_tok_s"] = round(cpu["bf16_gemm_gflops"] * 1e9 / (2 * params))
+    result = {"threads": args.threads, "machine": cpu, "prompts": len(prompts), "mean_prompt": sum(map(len, prompts)) / len(prompts),
+              "max_new": args.max_new,
+              "teacher": {"old": old, "ids_then_prefill": two_pass, "new": new,
+                          "speedup": new["tokens_per_s"] / old["tokens_per_s"],
+                          "ids_then_prefill_speedup": two_pass["tokens_per_s"] / old["tokens_per_s"]},
               "trainer": {"old": t_old, "new": t_new, "speedup": t_new["positions_per_s"] / t_old["positions_per_s"]}}
     save(args.out, result, f"| stage | old | new | new / old |\n|---|---|---|---|\n"
          f"| teacher (tokens generated + recorded / s) | {old['tokens_per_s']:.0f} | {new['tokens_per_s']:.0f} | "
          f"{result['teacher']['speedup']:.2f} |\n"
+         f"| teacher, ids then prefill (the other candidate) | {old['tokens_per_s']:.0f} | "
+         f"{two_pass['tokens_per_s']:.0f} | {result['teacher']['ids_then_prefill_speedup']:.2f} |\n"
          f"| trainer (positions / s) | {t_old['positions_per_s']:.0f} | {t_new['positions_per_s']:.0f} | "
-         f"{result['trainer']['speedup']:.2f} |")
+         f"{result['trainer']['speedup']:.2f} |\n\n"
+         f"{len(prompts)} prompts (mean {result['mean_prompt']:.0f} tokens), responses <= {args.max_new}; "
+         f"{args.threads} threads; AMX {'yes' if cpu['amx_bf16'] else 'no'}, bf16 GEMM {cpu['bf16_gemm_gflops']} GFLOPS: "
+         f"a target pass at most ~{cpu['prefill_ceiling_tok_s']} tokens/s")
     return 0
 
 
