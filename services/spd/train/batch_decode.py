@@ -77,7 +77,7 @@ class BatchDecoder:
         self.next = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] token each slot feeds next
         self.gen = torch.Generator(self.device).manual_seed(seed)
         self.recorder = recorder
-        self.keep = set(recorder.layers) if recorder else set()  # H[b] to record: the input of layer b (b = L: the last output)
+        self.keep = set(recorder.layers) if recorder else set()  # H[b] recorded: layer b's input (H[L]: the last output)
         if recorder:
             assert recorder.layers == sorted(self.keep) and max(self.keep) <= cfg.num_hidden_layers
             recorder.allocate(batch, max_new, cfg.hidden_size, self.device)
@@ -204,8 +204,8 @@ class BatchDecoder:
             chunk: int = 32) -> None:
         """Decode every (id, prompt, temperature); `on_done(id, response ids)` as each finishes
         (eos included when produced; at most max_new tokens); a true return from on_done ends the
-        run there. Free slots are refilled once `refill`
-        of them (default B/8) wait, so that prefills run as batches, not a row at a time."""
+        run there. Free slots are refilled once `refill` of them (default B/8) wait, so that
+        prefills run as batches, not a row at a time."""
         queue = list(jobs)[::-1]
         refill = refill or max(1, self.B // 8)
         while queue or any(self.rows):
