@@ -36,7 +36,7 @@ from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.train.batch_decode import BatchDecoder
 from spd.train.online import OnlineTeacher
 from spd.train.selfgen import selfgen_jobs
-from spd.train.teacher import TOP_K, ShardWriter, _Capture, cache_layers, load_hf, record_teacher
+from spd.train.teacher import TOP_K, ShardWriter, HookCapture, cache_layers, load_hf, record_teacher
 from spd.train.trainer import batch_loss, loss_rows, target_to_draft
 from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
@@ -47,7 +47,7 @@ def hf_generate_teacher(model_dir, prompts, out: Path, batch: int, max_new: int,
     batch waits for its longest answer), hooks recording H[b] and the top-k at every step."""
     model = load_hf(model_dir)
     layers = cache_layers(model.config.num_hidden_layers)
-    writer, cap = ShardWriter(out, layers, {"source": "self-generated"}), _Capture(model, layers)
+    writer, cap = ShardWriter(out, layers, {"source": "self-generated"}), HookCapture(model, layers)
     for i in range(0, len(prompts), batch):
         chunk = prompts[i:i + batch]
         P = max(len(p) for p in chunk)

@@ -127,7 +127,7 @@ def load_hf(model_dir: Path, dtype=torch.bfloat16):
     return model.eval()
 
 
-class _Capture:
+class HookCapture:
     """Forward hooks that record H[b] (embedding output, decoder layer outputs) and LM-head top-k."""
 
     def __init__(self, model, layers: list[int]):
@@ -213,7 +213,7 @@ def forward_teacher(model_dir: Path, seqs: list[tuple[list[int], list[bool]]], o
     L = model.config.num_hidden_layers
     layers = cache_layers(L, ns)
     writer = ShardWriter(out, layers, {"source": "text", "dtype": str(dtype), **(meta or {})}, shard_tokens)
-    cap = _Capture(model, layers)
+    cap = HookCapture(model, layers)
     head = model.lm_head
     head_hook = cap.handles[-1]  # full-sequence logits instead: compute top-k at loss positions only
     assert head_hook is not None  # the LM-head hook, added last
