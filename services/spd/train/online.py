@@ -7,7 +7,7 @@ per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p). 
 (~3k tok/s with AMX here, far more on a GPU) replaces ~6 KB a token of disk.
 
 Sequence = prompt + response[:-1]; position P-1+s predicts response[s] (loss 1 there), exactly the
-layout `generate_teacher` writes.
+layout `record_teacher` writes.
 """
 
 from __future__ import annotations
