@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from spd.train.selfgen import IdStore, Job, fingerprint, selfgen_jobs
-from spd.train.teacher import TOP_K, cache_layers, load_hf
+from spd.train.teacher import TOP_K, cache_layers, load_hf, top_k_probs
 
 
 class OnlineTeacher:
@@ -54,11 +54,10 @@ class OnlineTeacher:
             n = len(tok)
             loss = torch.zeros(n, dtype=torch.uint8)
             loss[start:] = 1
-            probs = torch.softmax(self.model.lm_head(out.last_hidden_state[i, start:n]).float(), -1)  # [n - start, V]
-            p, ix = probs.topk(TOP_K, -1)
+            ix, p = top_k_probs(self.model.lm_head(out.last_hidden_state[i, start:n]))  # [n - start, k]
             top_ids = torch.zeros(n, TOP_K, dtype=torch.int32)
             top_p = torch.zeros(n, TOP_K, dtype=torch.float16)
-            top_ids[start:], top_p[start:] = ix.int().cpu(), p.half().cpu()
+            top_ids[start:], top_p[start:] = ix.cpu(), p.cpu()
             rows.append({"tokens": torch.tensor(tok, dtype=torch.int32), "loss": loss,
                          "anchors": states[i, :n].to("cpu", torch.float16), "top_ids": top_ids, "top_p": top_p})
         return rows

@@ -21,14 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from spd.train.teacher import TOP_K
-
-
-def top_k_probs(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [b, V] -> the k most likely ids [b, k] (int32) and their probabilities at temperature 1 (fp16)."""
-    probs = torch.softmax(logits.float(), -1)
-    p, ix = probs.topk(k, -1)
-    return ix.int(), p.half()
+from spd.train.teacher import TOP_K, top_k_probs
 
 
 class FeatureRecorder:

@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 TOP_K = 32
 
 
+def top_k_probs(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [b, V] -> the k most likely ids [b, k] (int32) and their probabilities at temperature 1 (fp16)."""
+    p, ix = torch.softmax(logits.float(), -1).topk(k, -1)
+    return ix.int(), p.half()
+
+
 def cache_layers(num_layers: int, ns=(3, 4, 5, 6)) -> list[int]:
     """Union of the default anchors for the pipeline widths we may train for."""
     layers: set[int] = set()
@@ -153,9 +159,8 @@ class HookCapture:
         return fn
 
     def _head(self, mod, inp, out):
-        probs = torch.softmax(out[:, -1].float(), dim=-1)  # [B, V]: only the newest position matters
-        p, i = probs.topk(TOP_K, dim=-1)
-        self.tops.append((i.int().cpu(), p.half().cpu()))
+        i, p = top_k_probs(out[:, -1])  # only the newest position matters
+        self.tops.append((i.cpu(), p.cpu()))
 
     def close(self):
         for h in self.handles:
@@ -238,9 +243,8 @@ def forward_teacher(model_dir: Path, seqs: list[tuple[list[int], list[bool]]], o
             tp = torch.zeros(n, TOP_K, dtype=torch.float16)
             rows = loss.nonzero()[:, 0]
             if len(rows):
-                probs = torch.softmax(head(hidden[b, rows.to(device)]).float(), -1)
-                p, ix = (x.cpu() for x in probs.topk(TOP_K, -1))
-                ti[rows], tp[rows] = ix.int(), p.half()
+                ix, p = top_k_probs(head(hidden[b, rows.to(device)]))
+                ti[rows], tp[rows] = ix.cpu(), p.cpu()
             writer.add(tok, loss.to(torch.uint8).tolist(), states[b, :n].clone(), ti, tp)
         i += len(chunk)
         writer.flush_if_full(i, time.perf_counter() - t0)
