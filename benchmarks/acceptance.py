@@ -1,10 +1,11 @@
-"""Benchmark (not a test): greedy acceptance of a PDM on held-out evaluation prompts, per set.
+"""Benchmark (not a test): greedy acceptance of one or more PDMs on held-out evaluation prompts, per set.
 
 Exact verdicts by the offline replay (spd.eval.acceptance; it matches the live engine's counts,
 see tests/test_fast_acceptance.py): N, K, α = N/K and S0 = n·α for MT-Bench first turns, GSM8K
-and HumanEval (none of them used in training).
+and HumanEval (none of them used in training). The target's greedy run (and its anchor states) is
+computed once per prompt and replayed for every draft, so drafts are compared on the same text.
 
-    python benchmarks/acceptance.py [--draft DIR] [--n 5] [--prompts 10] [--max-tokens 128] [--out ...]
+    python benchmarks/acceptance.py [--draft [LABEL=]DIR ...] [--n 5] [--prompts 10] [--max-tokens 128] [--out ...]
 """
 
 from __future__ import annotations
@@ -14,17 +15,29 @@ import time
 
 from tqdm import tqdm
 
+from spd.core.drafter import DrafterState
+from spd.core.pdm import PDM
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.eval.acceptance import ar_with_anchors, replay
 from spd.eval.prompts import SETS, load
-from spd.pipeline import PipelineConfig, build_local
+from spd.pipeline import PipelineConfig, build_local, resolve_draft
 from spd.text import encode_prompt
 from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 
 
+def _drafts(specs: list[str]) -> list[tuple[str, str | None]]:
+    """[LABEL=]DIR -> (label, dir); none given: the shipped PDM."""
+    out = []
+    for spec in specs or ["shipped"]:
+        label, _, path = spec.rpartition("=")
+        out.append((label or path, None if path == "shipped" else path))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--draft", help="PDM directory (default: the shipped one)")
+    ap.add_argument("--draft", action="append", default=[],
+                    help="[LABEL=]PDM directory, repeatable ('shipped': the shipped one, the default)")
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--schedule", default="pre", choices=["pre", "post"])
     ap.add_argument("--prompts", type=int, default=10, help="first K prompts of each set")
@@ -32,27 +45,36 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--out", default="benchmarks/results/acceptance.json")
     args = ap.parse_args()
-    local = build_local(PipelineConfig(n=args.n, draft=args.draft))
-    drafter = local.drafter()
+    drafts = _drafts(args.draft)
+    local = build_local(PipelineConfig(n=args.n, draft=drafts[0][1]))
+    drafters = {drafts[0][0]: local.drafter()}
+    for label, path in drafts[1:]:
+        pdm = PDM.load(resolve_draft(path, local.model_dir))
+        assert local.pdm is not None and pdm.config.anchors == local.pdm.config.anchors, \
+            f"{label}: every draft must read the same anchors (the target runs once for all)"
+        drafters[label] = DrafterState(pdm, local.stages[0].embed, local.split)
     stop = StopRule(args.max_tokens, eos_ids_of(local.tokenizer, local.config))
-    rows = {}
+    rows: dict[str, dict] = {label: {} for label in drafters}
     for name in args.sets.split(","):
-        N = K = acc = rej = 0
+        counts = {label: [0, 0, 0, 0] for label in drafters}  # N, K, accepts, rejects
         t0 = time.perf_counter()
         for messages in tqdm(load(name, args.prompts), desc=name):
             prompt = encode_prompt(local.tokenizer, messages=messages)
             generated, anchors = ar_with_anchors(local.stages, prompt, stop)
-            r = replay(drafter, prompt, generated, anchors, args.schedule)
-            N, K, acc, rej = N + r.generated_tokens, K + r.cycles, acc + r.accepts, rej + r.rejects
-        p = acc / max(acc + rej, 1)
-        rows[name] = {"prompts": args.prompts, "N": N, "K": K, "alpha": N / K, "S0": args.n * N / K,
-                      "judgement_accept_rate": p, "seconds": time.perf_counter() - t0}
-    result = {"n": args.n, "schedule": args.schedule, "draft": str(args.draft or "shipped"),
-              "max_tokens": args.max_tokens, "sets": rows}
-    lines = [f"n = {args.n}, {args.schedule}-step, greedy, {args.prompts} prompts per set, <= {args.max_tokens} tokens",
-             "", "| set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {r['N']} | {r['K']} | {r['alpha']:.3f} | {r['S0']:.2f} | {r['judgement_accept_rate']:.3f} |"
-              for name, r in rows.items()]
+            for label, drafter in drafters.items():
+                r = replay(drafter, prompt, generated, anchors, args.schedule)
+                c = counts[label]
+                c[:] = c[0] + r.generated_tokens, c[1] + r.cycles, c[2] + r.accepts, c[3] + r.rejects
+        for label, (N, K, acc, rej) in counts.items():
+            rows[label][name] = {"prompts": args.prompts, "N": N, "K": K, "alpha": N / K, "S0": args.n * N / K,
+                                 "judgement_accept_rate": acc / max(acc + rej, 1), "seconds": time.perf_counter() - t0}
+    result = {"n": args.n, "schedule": args.schedule, "max_tokens": args.max_tokens,
+              "drafts": {label: {"dir": path or "shipped", "sets": rows[label]} for label, path in drafts}}
+    lines = [f"n = {args.n}, {args.schedule}-step, greedy, first {args.prompts} prompts per set, <= {args.max_tokens} tokens, "
+             "exact replay (the target's text computed once, every draft replayed on it)",
+             "", "| draft | set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {label} | {name} | {r['N']} | {r['K']} | {r['alpha']:.3f} | {r['S0']:.2f} | {r['judgement_accept_rate']:.3f} |"
+              for label, sets in rows.items() for name, r in sets.items()]
     save(args.out, result, "\n".join(lines))
 
 

@@ -259,7 +259,7 @@ def export(pdm: PDM, path: Path, cfg: TrainConfig, vocab_info: dict, history: li
     pdm.config.notes = {
         **cfg.notes,
         "data": {"cache": str(cache.root), **{k: v for k, v in cache.meta.items() if k != "layers"}},
-        "tokens_seen": seen, "vocab": vocab_info, "lr": cfg.lr, "batch_tokens": cfg.batch_tokens,
+        "tokens_seen": seen, "vocab": vocab_info, "lr": cfg.lr, "batch_tokens": cfg.batch_tokens, "fill": cfg.fill,
         "heldout_p": last.get("heldout_p"), "heldout_loss": last.get("heldout_loss"),
         "heldout_fill": cfg.n, "curve": [(h["seen"], round(h["heldout_p"], 4)) for h in history],
     }
