@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from spd.train.selfgen import IdStore, Job, fingerprint, selfgen_jobs
-from spd.train.teacher import TOP_K, cache_layers, load_hf, top_k_probs
+from spd.train.teacher import cache_layers, load_hf, sequence_dict, top_k_probs
 
 
 class OnlineTeacher:
@@ -51,15 +51,8 @@ class OnlineTeacher:
         states = torch.stack([self._raw(out, b) for b in self.layers], dim=2)  # [B, T, m, d]
         rows = []
         for i, (tok, start) in enumerate(seqs):
-            n = len(tok)
-            loss = torch.zeros(n, dtype=torch.uint8)
-            loss[start:] = 1
-            ix, p = top_k_probs(self.model.lm_head(out.last_hidden_state[i, start:n]))  # [n - start, k]
-            top_ids = torch.zeros(n, TOP_K, dtype=torch.int32)
-            top_p = torch.zeros(n, TOP_K, dtype=torch.float16)
-            top_ids[start:], top_p[start:] = ix.cpu(), p.cpu()
-            rows.append({"tokens": torch.tensor(tok, dtype=torch.int32), "loss": loss,
-                         "anchors": states[i, :n].to("cpu", torch.float16), "top_ids": top_ids, "top_p": top_p})
+            ix, p = top_k_probs(self.model.lm_head(out.last_hidden_state[i, start:len(tok)]))  # [n - start, k]
+            rows.append(sequence_dict(tok, start, states[i, :len(tok)], ix, p))
         return rows
 
     def features(self, seqs: list[tuple[list[int], int]]) -> list[dict]:

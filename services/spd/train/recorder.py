@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from spd.train.teacher import TOP_K, top_k_probs
+from spd.train.teacher import TOP_K, sequence_dict, top_k_probs
 
 
 class FeatureRecorder:
@@ -58,11 +58,5 @@ class FeatureRecorder:
     def finish(self, slot: int, job: int, prompt: list[int], response: list[int]) -> None:
         """The row in `slot` ended with `response` (R tokens): its sequence dict, to on_features."""
         P, R = len(prompt), len(response)
-        anchors = torch.cat([self.prompt_anchors.pop(slot), self.resp_anchors[slot, :R - 1]]).cpu()  # [P+R-1, m, d]
-        loss = torch.zeros(P + R - 1, dtype=torch.uint8)
-        loss[P - 1:] = 1
-        top_ids = torch.zeros(P + R - 1, TOP_K, dtype=torch.int32)
-        top_p = torch.zeros(P + R - 1, TOP_K, dtype=torch.float16)
-        top_ids[P - 1:], top_p[P - 1:] = self.top_ids[slot, :R].cpu(), self.top_p[slot, :R].cpu()
-        tokens = torch.tensor(prompt + response[:-1], dtype=torch.int32)
-        self.on_features(job, {"tokens": tokens, "loss": loss, "anchors": anchors, "top_ids": top_ids, "top_p": top_p})
+        anchors = torch.cat([self.prompt_anchors.pop(slot), self.resp_anchors[slot, :R - 1]])  # [P+R-1, m, d]
+        self.on_features(job, sequence_dict(prompt + response[:-1], P - 1, anchors, self.top_ids[slot, :R], self.top_p[slot, :R]))

@@ -50,6 +50,20 @@ def top_k_probs(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, tor
     return ix.int(), p.half()
 
 
+def sequence_dict(tokens: list[int], start: int, anchors: torch.Tensor, top_ids: torch.Tensor,
+                  top_p: torch.Tensor) -> dict:
+    """One teacher-cache sequence: tokens [T]; anchors [T, m, d] fp16; the top-k [T - start, k] of the
+    positions from `start` on (the predicting ones: loss 1 there), padded with zeros before it."""
+    T = len(tokens)
+    loss = torch.zeros(T, dtype=torch.uint8)
+    loss[start:] = 1
+    ids = torch.zeros(T, top_ids.shape[-1], dtype=torch.int32)
+    p = torch.zeros(T, top_p.shape[-1], dtype=torch.float16)
+    ids[start:], p[start:] = top_ids.cpu(), top_p.cpu()
+    return {"tokens": torch.tensor(tokens, dtype=torch.int32), "loss": loss, "anchors": anchors.to("cpu", torch.float16),
+            "top_ids": ids, "top_p": p}
+
+
 def cache_layers(num_layers: int, ns=(3, 4, 5, 6)) -> list[int]:
     """Union of the default anchors for the pipeline widths we may train for."""
     layers: set[int] = set()
