@@ -150,8 +150,9 @@ def trainer(config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int 
 
 
 def machine() -> dict:
-    """What bounds the teacher here: the CPU's bf16 matrix units and the bf16 GEMM rate they reach
-    (a target token costs 2 x params FLOPs, so rate / (2 x params) is the prefill ceiling)."""
+    """What bounds the teacher here: the CPU's bf16 matrix units, the bf16 GEMM rate they reach (a
+    target token costs 2 x params FLOPs) and the memory read rate (a decode step reads every row's
+    K and V)."""
     flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("flags")), [])
     x, w = torch.randn(2048, 576, dtype=torch.bfloat16), torch.randn(1536, 576, dtype=torch.bfloat16)
@@ -160,7 +161,25 @@ def machine() -> dict:
     for _ in range(20):
         torch.nn.functional.linear(x, w)
     gflops = 20 * 2 * x.shape[0] * w.numel() / (time.perf_counter() - t0) / 1e9
-    return {"amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags, "bf16_gemm_gflops": round(gflops)}
+    big = torch.ones(1 << 27, dtype=torch.bfloat16)  # 256 MiB, far beyond the caches
+    big.sum()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        big.sum()
+    read = 5 * big.numel() * 2 / (time.perf_counter() - t0) / 1e9
+    return {"amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags, "bf16_gemm_gflops": round(gflops),
+            "read_gb_s": round(read, 1)}
+
+
+def teacher_ceiling(cpu: dict, config, params: int, mean_prompt: float, mean_resp: float) -> float:
+    """Response tokens / s if every matmul ran at the GEMM rate and decode attention read only each
+    row's real K and V at the read rate (no padding, no overhead): per response token, its share of
+    the prompt's prefill, one decode step's matmuls, and the K/V of a context of prompt + resp/2."""
+    flop_s = 2 * params / (cpu["bf16_gemm_gflops"] * 1e9)  # one token through the target
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2  # K and V, bf16, per position
+    read_s = kv_bytes * (mean_prompt + mean_resp / 2) / (cpu["read_gb_s"] * 1e9)
+    return 1 / (flop_s * mean_prompt / mean_resp + flop_s + read_s)
 
 
 def main(argv=None) -> int:
@@ -189,7 +208,9 @@ def main(argv=None) -> int:
     params = sum(p.numel() for p in load_hf(model_dir).parameters())
     cpu = {**machine(), "target_params": params}
     cpu["prefill_ceiling_tok_s"] = round(cpu["bf16_gemm_gflops"] * 1e9 / (2 * params))
-    result = {"threads": args.threads, "machine": cpu, "prompts": len(prompts), "mean_prompt": sum(map(len, prompts)) / len(prompts),
+    mean_prompt = sum(map(len, prompts)) / len(prompts)
+    cpu["teacher_ceiling_tok_s"] = round(teacher_ceiling(cpu, config, params, mean_prompt, new["tokens"] / len(prompts)))
+    result = {"threads": args.threads, "machine": cpu, "prompts": len(prompts), "mean_prompt": mean_prompt,
               "max_new": args.max_new,
               "teacher": {"old": old, "ids_then_prefill": two_pass, "new": new,
                           "speedup": new["tokens_per_s"] / old["tokens_per_s"],
@@ -204,7 +225,11 @@ def main(argv=None) -> int:
          f"{result['trainer']['speedup']:.2f} |\n\n"
          f"{len(prompts)} prompts (mean {result['mean_prompt']:.0f} tokens), responses <= {args.max_new}; "
          f"{args.threads} threads; AMX {'yes' if cpu['amx_bf16'] else 'no'}, bf16 GEMM {cpu['bf16_gemm_gflops']} GFLOPS: "
-         f"a target pass at most ~{cpu['prefill_ceiling_tok_s']} tokens/s")
+         f"a target pass at most ~{cpu['prefill_ceiling_tok_s']} tokens/s; memory read {cpu['read_gb_s']} GB/s.\n\n"
+         f"Teacher ceiling on this machine (every matmul at that GEMM rate, decode attention reading only the real K/V "
+         f"at that read rate, no padding, no overhead): ~{cpu['teacher_ceiling_tok_s']} tokens/s = "
+         f"{cpu['teacher_ceiling_tok_s'] / old['tokens_per_s']:.1f}x old; new reaches "
+         f"{new['tokens_per_s'] / cpu['teacher_ceiling_tok_s']:.0%} of it.")
     return 0
 
 
