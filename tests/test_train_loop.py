@@ -1,7 +1,7 @@
 """The loop's accounting with a student that takes a step's sequences in one `loss` call: the steps
 fall where one sequence at a time puts them (a step after the sequence that brings the rows not yet
 stepped on to batch_tokens, the excess carried over), the sequences come in the data order, and
-`seen` counts every row."""
+`seen` counts every row. Students trained together read each shard once and step as they would alone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from spd.config import LoopConfig
-from spd.train.loop import RunState, Setup, shard_order, train_student
+from spd.train.loop import RunState, Setup, shard_order, train_student, train_together
 
 ROWS = [3, 0, 5, 7, 2, 9, 4, 1, 6]  # loss rows per sequence, in training order
 
@@ -79,3 +79,39 @@ def test_a_steps_sequences_reach_the_student_in_one_call_with_unchanged_accounti
     order = shard_order(len(ROWS), cfg.seed, 0, 0)  # the loop's data order
     assert student.calls == _one_at_a_time(order, cfg.batch_tokens)  # (the rows after the last step: never stepped on)
     assert run.seen == sum(ROWS) and run.step == len(student.calls) and (run.shard, run.seq) == (1, 0)  # shard done
+
+
+class _CountingCache(_Cache):
+    """Two shards (the second the first's rows reversed); counts the reads of each."""
+
+    def __init__(self):
+        self.reads: list[str] = []
+
+    def shards(self) -> list[str]:
+        return ["s0", "s1"]
+
+    def sequences(self, shard: str) -> list[dict]:
+        self.reads.append(shard)
+        rows = ROWS if shard == "s0" else ROWS[::-1]
+        return [{"id": (shard, i), "rows": r} for i, r in enumerate(rows)]
+
+    def progress(self) -> dict:
+        return {"loss_tokens": 2 * sum(ROWS)}
+
+
+def _toy_run(tmp_path, cache, batch_tokens: list[int]) -> list[_Student]:
+    students = [_Student() for _ in batch_tokens]
+    jobs = [(LoopConfig(batch_tokens=b, warmup=1, heldout="", out=str(tmp_path / f"s{i}-{b}"), progress=False,
+                        amp="float32", eval_every_s=1e9, ckpt_every_s=1e9, epochs=2),
+             st, Setup(tmp_path, None, cache, [], None, torch.arange(4), {})) for i, (b, st) in enumerate(zip(batch_tokens, students))]
+    train_together(jobs)
+    return students
+
+
+def test_students_of_one_run_read_each_shard_once_and_step_as_they_would_alone(tmp_path):
+    cache = _CountingCache()
+    together = _toy_run(tmp_path, cache, [8, 5])
+    assert cache.reads == ["s0", "s1"] * 2  # once per shard and epoch, for both students
+    for b, student in zip([8, 5], together):
+        [alone] = _toy_run(tmp_path / "alone", _CountingCache(), [b])
+        assert student.calls == alone.calls and len(alone.calls) > 4

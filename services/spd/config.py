@@ -58,6 +58,11 @@ class LoopConfig:
     notes: dict = field(default_factory=dict)  # extra provenance written into the export
 
 
+# the LoopConfig fields that every student of one run shares: the data, its order, the run's clock
+SHARED = ("model", "data", "heldout", "eval_seqs", "epochs", "seed", "wait", "threads", "device", "progress",
+          "resume", "max_seconds", "ckpt_every_s")
+
+
 @dataclass
 class TrainConfig(LoopConfig):
     """A Pipeline Draft Module (spd.train.trainer)."""

@@ -19,7 +19,7 @@ import torch
 
 from spd.eagle.model import EagleDraft, default_feature_layers, random_eagle
 from spd.config import EagleTrainConfig
-from spd.train.loop import RunState, Setup, setup, train_student
+from spd.train.loop import Plan, RunState, Setup, train_plans
 from spd.train.trainer import loss_rows as teacher_rows, target_to_draft, teacher_kl
 
 log = logging.getLogger(__name__)
@@ -124,13 +124,18 @@ def evaluate(draft: EagleDraft, seqs: list[dict], cols: list[int], t2d: torch.Te
             "loss": [k / max(r, 1) for k, r in zip(kl, kl_rows)], "tokens": total[0]}
 
 
+def feature_layers(cfg: EagleTrainConfig, num_layers: int) -> list[int]:
+    """The teacher layers the draft reads: --feature-layers, else low / mid / high."""
+    return list(cfg.feature_layers or default_feature_layers(num_layers))
+
+
 def make_draft(cfg: EagleTrainConfig, model_dir: Path, config, d2t: torch.Tensor) -> EagleDraft:
     from spd.core.stage import load_embedding, load_stage
 
     L = config.num_hidden_layers
     lm_head = load_stage(model_dir, config, range(L - 1, L), ()).lm_head.weight.detach() if cfg.init_head else None
     embed = load_embedding(model_dir, config).weight.detach()
-    return random_eagle(config, cfg.feature_layers or default_feature_layers(L), draft_ids=d2t,
+    return random_eagle(config, feature_layers(cfg, L), draft_ids=d2t,
                         lm_head_weight=lm_head, embed_weight=embed, seed=cfg.seed)
 
 
@@ -170,12 +175,21 @@ class EagleStudent:
         pass
 
 
+def plan(cfg: EagleTrainConfig) -> Plan:
+    """The draft of `cfg` as a student of a run (spd.train.loop.train_plans)."""
+
+    def build(s: Setup) -> EagleStudent:
+        return EagleStudent(cfg, make_draft(cfg, s.model_dir, s.config, s.d2t).to(cfg.device), s)
+
+    return Plan(cfg, ("feature_layers", "ttt", "vocab", "data"),
+                lambda config: feature_layers(cfg, config.num_hidden_layers), build)
+
+
 def train(cfg: EagleTrainConfig) -> EagleDraft:
     """Train (or resume) the draft under `cfg`; returns it in eval mode (also exported to OUT/draft/)."""
-    s = setup(cfg, same=("feature_layers", "ttt", "vocab", "data"))
-    draft = make_draft(cfg, s.model_dir, s.config, s.d2t).to(cfg.device)
-    train_student(cfg, EagleStudent(cfg, draft, s), s)
-    return draft
+    [student] = train_plans([plan(cfg)])
+    assert isinstance(student, EagleStudent)
+    return student.module
 
 
 def export(draft: EagleDraft, path: Path, cfg: EagleTrainConfig, vocab_info: dict, run: RunState, cache) -> None:

@@ -10,10 +10,24 @@ are counted before its forward (`Student.rows`), so the sequences of a step reac
 one `loss` call when the step is due (the PDM packs them into one forward): the same gradient and
 the same accounting as one sequence at a time. AdamW runs fused (one kernel per step).
 
+Several students train in one run (`train_plans`; `spd train --with`): one pass over the data (the
+shards, their shuffled order, the epochs, --wait: `_stream`; for self-generated ids one teacher
+pass per part, with the union of the students' teacher layers) feeds every student's `_Loop` the
+same sequences in the same order, and each has its own optimizer, schedule, budget, batch size,
+evaluations, checkpoint and export in its own run directory. Each student steps exactly as it
+would alone on that data. The data flags, the order's seed and the clock are shared
+(spd.config.SHARED); a student that reaches its budget or step limit finishes while the others
+go on.
+
 A checkpoint (OUT/ckpt.pt) holds the student's weights under its `name`, the optimizer state, the
-run counters (RunState) at the top level, the student's own extra state, and the config; resuming
-continues at the same shard and sequence of the same order. Under torchrun each rank reads its own
-shards and the ranks step together (spd.train.ranks); rank 0 evaluates and writes.
+run counters (RunState) at the top level, the student's own extra state, and the config. Its
+counters and data position are those of the student's last optimizer step (the rows carried
+towards the next one included), so resuming feeds it again the sequences counted since and
+continues exactly as an uninterrupted run; at the data's end the rows after the last step are
+dropped. Every student's checkpoint is written at the same moment, and a resumed run starts where
+the student furthest behind stopped, the others skipping what they have trained on. Under
+torchrun each rank reads its own shards and the ranks step together, per student
+(spd.train.ranks); rank 0 evaluates and writes.
 """
 
 from __future__ import annotations
@@ -26,11 +40,11 @@ import random
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
-from spd.config import LoopConfig
+from spd.config import SHARED, LoopConfig
 from spd.train.ranks import Ranks
 
 log = logging.getLogger(__name__)
@@ -45,6 +59,7 @@ class RunState:
     shard: int = 0  # current shard among this rank's shards of the cache
     seq: int = 0  # next index into that shard's shuffled order
     epoch: int = 0  # pass over the cache
+    pending: int = 0  # loss rows counted towards the next optimizer step (past batch_tokens at the last)
     elapsed: float = 0.0  # training wall time so far (s), evaluations included
     history: list[dict] = field(default_factory=list)  # held-out evaluations, also in history.jsonl
 
@@ -114,9 +129,9 @@ def held_sequences(held, n: int) -> list[dict]:
     return seqs[:n]
 
 
-def resolve_cache(model_dir: Path, name: str, device: str = "cpu"):
+def resolve_cache(model_dir: Path, name: str, device: str = "cpu", layers: Iterable[int] = ()):
     """A teacher cache directory, or a self-generated id directory (part_*.npz) read with online
-    teacher features."""
+    teacher features (those also hold `layers`)."""
     from spd.train.teacher import TeacherCache, teacher_dir
 
     path = Path(name) if "/" in name else teacher_dir(model_dir, name)
@@ -124,13 +139,14 @@ def resolve_cache(model_dir: Path, name: str, device: str = "cpu"):
         from spd.models.loading import load_tokenizer
         from spd.train.online import OnlineCache
 
-        return OnlineCache(path, model_dir, load_tokenizer(model_dir), device=device)
+        return OnlineCache(path, model_dir, load_tokenizer(model_dir), device=device, layers=layers)
     return TeacherCache(path)
 
 
 @dataclass
 class Setup:
-    """What a run starts from, the same for every student."""
+    """What a student starts from: the run's data (the same for every student) and its own checkpoint
+    and vocabulary."""
 
     model_dir: Path  # the target model
     config: Any  # its HF config
@@ -141,29 +157,69 @@ class Setup:
     vocab_info: dict  # its size and coverage
 
 
-def setup(cfg: LoopConfig, same: tuple[str, ...], d2t: torch.Tensor | None = None) -> Setup:
-    """Threads, run directory, target, caches, the checkpoint (if resuming: see load_checkpoint) and
-    the draft vocabulary (the checkpoint's, else `d2t` (a warm start's), else chosen from the data)."""
+@dataclass
+class Plan:
+    """One student of a run, before the data is open (`train_plans` opens it once for all)."""
+
+    cfg: LoopConfig  # its flags: its own out, lr, batch_tokens, ...; the SHARED ones are the run's
+    same: tuple[str, ...]  # config fields a resume must find unchanged (load_checkpoint)
+    layers: Callable[[Any], Iterable[int]]  # HF config -> the teacher layers the student reads
+    build: Callable[[Setup], Student]  # its Setup -> the student, on cfg.device
+    d2t: torch.Tensor | None = None  # a warm start's vocabulary (else the checkpoint's, else chosen from the data)
+
+
+def check_plans(plans: list[Plan]) -> None:
+    """ValueError unless the plans share the SHARED flags and each has its own run directory."""
+    first = plans[0].cfg
+    for p in plans[1:]:
+        for k in SHARED:
+            if getattr(p.cfg, k) != getattr(first, k):
+                raise ValueError(f"every student of a run has the same --{k.replace('_', '-')}: "
+                                 f"{getattr(first, k)!r} ({first.out}), {getattr(p.cfg, k)!r} ({p.cfg.out})")
+    outs = [Path(p.cfg.out).resolve() for p in plans]
+    if len(set(outs)) < len(outs):
+        raise ValueError(f"every student needs its own --out: {[p.cfg.out for p in plans]}")
+
+
+def _open_data(cfg: LoopConfig, plans: list[Plan]) -> tuple[Path, Any, Any, Any]:
+    """(model_dir, HF config, cache, held-out cache) with every plan's teacher layers: an online
+    teacher computes them all; a cache on disk must hold them."""
     from spd.models.loading import load_config, resolve_model
-    from spd.train.vocab import choose_vocab
 
     torch.set_num_threads(cfg.threads)
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(cfg.model)
     config = load_config(model_dir)
-    cache = resolve_cache(model_dir, cfg.data, cfg.device)
-    held = resolve_cache(model_dir, cfg.heldout, cfg.device) if cfg.heldout else None
-    if held is not None and hasattr(cache, "teacher") and hasattr(held, "teacher"):
+    needs = [(p.cfg.out, set(p.layers(config))) for p in plans]
+    layers = set().union(*(b for _, b in needs))
+    cache = resolve_cache(model_dir, cfg.data, cfg.device, layers)
+    held = resolve_cache(model_dir, cfg.heldout, cfg.device, layers) if cfg.heldout else None
+    if held is not None and hasattr(cache, "_teacher") and hasattr(held, "_teacher"):  # (`teacher` would load one)
         held._teacher = cache.teacher  # one target in memory
-    state = load_checkpoint(cfg, same)
+    for out, b in needs:
+        if missing := sorted(b - set(cache.layers)):
+            raise ValueError(f"{out}: the student reads teacher layers {missing}, which {cache.root} does not "
+                             f"hold (it has {cache.layers}); build a cache with them or train on self-generated ids")
+    return model_dir, config, cache, held
+
+
+def _student_setup(p: Plan, data: tuple[Path, Any, Any, Any], held_seqs: list[dict], vocabs: dict[int, tuple]) -> Setup:
+    """Its checkpoint (if resuming: see load_checkpoint) and the draft vocabulary
+    (the checkpoint's, else the plan's, else chosen from the data: one per size V_s, in `vocabs`)."""
+    from spd.train.vocab import choose_vocab
+
+    model_dir, config, cache, held = data
+    cfg = p.cfg
+    state = load_checkpoint(cfg, p.same)
     if state is not None:
         d2t, vocab_info = state["d2t"], state["vocab_info"]
-    elif d2t is not None:
-        vocab_info = {"V_s": len(d2t), "from": cfg.init_from}
+    elif p.d2t is not None:
+        d2t, vocab_info = p.d2t, {"V_s": len(p.d2t), "from": cfg.init_from}
     else:
-        d2t, vocab_info = choose_vocab(cfg.vocab, model_dir, config, cache, held)
-        log.info("vocab: %s", vocab_info)
-    return Setup(model_dir, config, cache, held_sequences(held, cfg.eval_seqs), state, d2t, vocab_info)
+        if cfg.vocab not in vocabs:
+            vocabs[cfg.vocab] = choose_vocab(cfg.vocab, model_dir, config, cache, held)
+            log.info("vocab: %s", vocabs[cfg.vocab][1])
+        d2t, vocab_info = vocabs[cfg.vocab]
+    return Setup(model_dir, config, cache, held_seqs, state, d2t, vocab_info)
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -173,47 +229,63 @@ def _atomic_save(obj, path: Path) -> None:
 
 
 class _Loop:
-    def __init__(self, cfg: LoopConfig, student: Student, s: Setup):
+    """One student's side of a run: fed the run's sequences in order (`feed`), it counts their rows,
+    steps when batch_tokens are pending, evaluates, and checkpoints when the run says so."""
+
+    def __init__(self, cfg: LoopConfig, student: Student, s: Setup, ranks: Ranks, line: int = 0):
         from transformers import get_linear_schedule_with_warmup
 
-        self.cfg, self.student, self.cache, self.held_seqs = cfg, student, s.cache, s.held_seqs
+        self.cfg, self.student, self.held_seqs, self.ranks, self.line = cfg, student, s.held_seqs, ranks, line  # line: of its progress bar
         self.saved = {"d2t": s.d2t, "vocab_info": s.vocab_info}  # what rebuilds the student's vocabulary
         state = s.state
         self.out = Path(cfg.out)
-        self.ranks = Ranks(cfg.device)
+        self.out.mkdir(parents=True, exist_ok=True)
         self.params = [p for p in student.module.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
                                      fused=torch.device(cfg.device).type in ("cpu", "cuda"))  # one kernel per step
-        self.budget = cfg.tokens or int(self.cache.progress().get("loss_tokens", 0)) * cfg.epochs
+        self.budget = cfg.tokens or int(s.cache.progress().get("loss_tokens", 0)) * cfg.epochs
         self.run = RunState()
         if state is not None:
             student.module.load_state_dict(state[student.name])
             self.opt.load_state_dict(state["opt"])
             self.run = RunState(**{f.name: state[f.name] for f in fields(RunState) if f.name in state})
             own = state.get("ranks", [{}])
-            if len(own) != self.ranks.world:
-                raise ValueError(f"--resume with {self.ranks.world} ranks: the checkpoint was written by {len(own)}")
-            self.run.shard, self.run.seq, self.run.epoch = (own[self.ranks.rank].get(k, getattr(self.run, k))
+            if len(own) != ranks.world:
+                raise ValueError(f"--resume with {ranks.world} ranks: the checkpoint was written by {len(own)}")
+            self.run.shard, self.run.seq, self.run.epoch = (own[ranks.rank].get(k, getattr(self.run, k))
                                                             for k in ("shard", "seq", "epoch"))
-            student.load_extra_state({**state, **own[self.ranks.rank]})
+            student.load_extra_state({**state, **own[ranks.rank]})
             log.info("resuming from %s at step %d (%d tokens)", self.out / "ckpt.pt", self.run.step, self.run.seen)
         for g in self.opt.param_groups:
             g["initial_lr"] = cfg.lr
         total = max(math.ceil(self.budget / cfg.batch_tokens), cfg.warmup + 1)
         # the schedule is a function of the step alone: rebuilt at the resumed step, never saved
         self.sched = get_linear_schedule_with_warmup(self.opt, cfg.warmup, total, last_epoch=self.run.step - 1)
+        self.start = (self.run.epoch, self.run.shard, self.run.seq)  # the data position it has trained up to
+        self.mark = self.counters()  # what a checkpoint holds: the counters as of the last optimizer step
+        self.done = state is not None and self.finished()
+        self.step_seqs: list[dict] = []  # this rank's sequences of the coming step: one loss call when it is due
+        self.rows_s, self.kl_s, self.hits_s = 0, 0.0, 0  # since the last optimizer step, for the logs
+
+    def counters(self) -> dict:
+        return {k: getattr(self.run, k) for k in ("seen", "pending", "shard", "seq", "epoch")}
+
+    def finished(self) -> bool:
+        """Its budget or step limit reached (asked after an optimizer step)."""
+        return self.run.seen >= self.budget or bool(self.cfg.max_steps and self.run.step >= self.cfg.max_steps)
 
     def checkpoint(self) -> None:
-        """On every rank (it gathers each rank's data position); rank 0 writes."""
-        run = self.run
-        own = self.ranks.gather({"shard": run.shard, "seq": run.seq, "epoch": run.epoch, **self.student.extra_state()})
+        """On every rank (it gathers each rank's data position); rank 0 writes. The counters and data
+        position are those of the last step: a resume feeds it the sequences counted since again."""
+        m = self.mark
+        own = self.ranks.gather({"shard": m["shard"], "seq": m["seq"], "epoch": m["epoch"], **self.student.extra_state()})
         if not self.ranks.main:
             return
         _atomic_save({self.student.name: self.student.module.state_dict(), "opt": self.opt.state_dict(),
-                      **asdict(self.run), **own[0], "ranks": own, **self.saved, "budget": self.budget,
-                      "cfg": asdict(self.cfg)}, self.out / "ckpt.pt")
+                      **asdict(self.run), "seen": m["seen"], "pending": m["pending"], **own[0], "ranks": own,
+                      **self.saved, "budget": self.budget, "cfg": asdict(self.cfg)}, self.out / "ckpt.pt")
         self.student.export(self.out / self.student.name, self.run)
-        log.info("checkpoint at step %d (%d tokens)", self.run.step, self.run.seen)
+        log.info("checkpoint at step %d (%d tokens) %s", self.run.step, m["seen"], self.out)
 
     def evaluate(self) -> None:
         if not self.held_seqs or not self.ranks.main:
@@ -224,107 +296,186 @@ class _Loop:
                                  "eval_s": round(time.perf_counter() - t0, 1)})
         with open(self.out / "history.jsonl", "a") as f:
             f.write(json.dumps(self.run.history[-1]) + "\n")
-        log.info("[eval] step %d, %d tokens: held-out loss %s p %s", self.run.step, self.run.seen,
-                 _round(r["heldout_loss"]), _round(r["heldout_p"]))
+        log.info("[eval] step %d, %d tokens: held-out loss %s p %s %s", self.run.step, self.run.seen,
+                 _round(r["heldout_loss"]), _round(r["heldout_p"]), self.out)
 
-    def sequences(self):
-        """(sequence) in training order until the cache (or the budget's wait) runs out."""
-        cfg, run = self.cfg, self.run
-        while True:
-            shards = self.ranks.mine(self.cache.shards())
-            if run.shard >= len(shards):
-                if run.epoch + 1 < cfg.epochs and shards:
-                    run.epoch, run.shard, run.seq = run.epoch + 1, 0, 0
-                    continue
-                if cfg.wait and run.seen < self.budget:
-                    time.sleep(30)  # the cache is still being generated by another process
-                    continue
-                return
-            seqs = self.cache.sequences(shards[run.shard])
-            order = shard_order(len(seqs), cfg.seed, run.shard * self.ranks.world + self.ranks.rank, run.epoch)
-            while run.seq < len(order):
-                run.seq += 1
-                yield seqs[order[run.seq - 1]]
-            run.shard, run.seq = run.shard + 1, 0
+    def out_of_time(self) -> bool:
+        return bool(self.cfg.max_seconds and self.run.elapsed + time.perf_counter() - self.t_run >= self.cfg.max_seconds)
 
-    def out_of_time(self, t_run: float) -> bool:
-        return bool(self.cfg.max_seconds and self.run.elapsed + time.perf_counter() - t_run >= self.cfg.max_seconds)
-
-    def train(self) -> None:
+    def begin(self) -> None:
         from tqdm import tqdm
 
-        cfg, run = self.cfg, self.run
-        if not run.history:
+        cfg = self.cfg
+        if not self.run.history:
             self.evaluate()
-        bar = tqdm(total=self.budget, initial=run.seen, unit="tok", disable=not (cfg.progress and self.ranks.main), dynamic_ncols=True,
-                   mininterval=5)
-        autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.amp),
-                                  enabled=cfg.amp != "float32")
-        last_eval = last_ckpt = t_run = time.perf_counter()
-        pending = 0  # loss rows not yet stepped on (may run past batch_tokens by one sequence)
-        rows_s, kl_s, hits_s = 0, 0.0, 0  # since the last optimizer step, for the logs
+        self.bar = tqdm(total=self.budget, initial=self.run.seen, unit="tok", disable=not (cfg.progress and self.ranks.main),
+                        dynamic_ncols=True, mininterval=5, desc=cfg.out, position=self.line)
+        self.autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.amp),
+                                       enabled=cfg.amp != "float32")
+        self.last_eval = self.t_run = time.perf_counter()
         self.student.module.train()
         self.opt.zero_grad(set_to_none=True)
-        sequences = self.sequences()
-        step_seqs: list[dict] = []  # this rank's sequences of the coming step: one loss call when it is due
-        while True:
-            seq = next(sequences, None)
-            rows, (exhausted,) = self.ranks.agree(self.student.rows(seq) if seq is not None else 0,
-                                                  seq is None)  # rows over all ranks; stop when any rank runs out
-            if exhausted:
-                break
-            assert seq is not None  # (else exhausted)
-            step_seqs.append(seq)
-            pending, rows_s, run.seen = pending + rows, rows_s + rows, run.seen + rows
-            bar.update(rows)
-            if pending < cfg.batch_tokens:
-                continue
-            pending -= cfg.batch_tokens
-            with autocast:
-                kl, _, hits = self.student.loss(step_seqs)
-            step_seqs = []
-            if kl is not None:
-                (kl / cfg.batch_tokens).backward()
-                kl_s, hits_s = kl_s + kl.item(), hits_s + hits
-            self.ranks.sum_grads(self.params)
-            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-            self.opt.step()
-            self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
-            run.step += 1
-            bar.set_postfix({"loss": f"{kl_s / rows_s:.3f}", "p_train": f"{hits_s / rows_s:.3f}"}, refresh=False)
-            if self.ranks.main and (run.step % 20 == 0 or run.step == 1):  # kl, hits: rank 0's rows
-                log.info("step %d: %d/%d tokens, loss %.4f, p_train %.3f, lr %.2e", run.step, run.seen, self.budget,
-                         kl_s * self.ranks.world / rows_s, hits_s * self.ranks.world / rows_s, self.sched.get_last_lr()[0])
-            rows_s, kl_s, hits_s = 0, 0.0, 0
-            now = time.perf_counter()
-            run.elapsed, t_run = run.elapsed + now - t_run, now
-            if self.ranks.main and now - last_eval >= cfg.eval_every_s:
-                self.evaluate()
-                last_eval = time.perf_counter()
-            _, (save, late) = self.ranks.agree(0, self.ranks.main and now - last_ckpt >= cfg.ckpt_every_s,
-                                               self.ranks.main and self.out_of_time(t_run))  # rank 0's clock decides
-            if save:
-                self.checkpoint()
-                last_ckpt = time.perf_counter()
-            if run.seen >= self.budget or (cfg.max_steps and run.step >= cfg.max_steps) or late:
-                break
-        bar.close()
-        run.elapsed += time.perf_counter() - t_run
+
+    def feed(self, at: tuple[int, int, int], seq: dict | None) -> bool:
+        """Count the sequence (None: this rank's data ran out) and take the step when it is due;
+        True when any rank's data ran out (agreed over the ranks, which step together)."""
+        run = self.run
+        rows, (exhausted,) = self.ranks.agree(self.student.rows(seq) if seq is not None else 0, seq is None)
+        if exhausted:
+            return True
+        assert seq is not None  # (else exhausted)
+        self.step_seqs.append(seq)
+        run.epoch, run.shard, run.seq = at
+        run.pending, self.rows_s, run.seen = run.pending + rows, self.rows_s + rows, run.seen + rows
+        self.bar.update(rows)
+        if run.pending >= self.cfg.batch_tokens:
+            self.step()
+        return False
+
+    def step(self) -> None:
+        """One optimizer step on the pending sequences (the rows past batch_tokens count towards the next)."""
+        cfg, run = self.cfg, self.run
+        run.pending -= cfg.batch_tokens
+        with self.autocast:
+            kl, _, hits = self.student.loss(self.step_seqs)
+        self.step_seqs = []
+        if kl is not None:
+            (kl / cfg.batch_tokens).backward()
+            self.kl_s, self.hits_s = self.kl_s + kl.item(), self.hits_s + hits
+        self.ranks.sum_grads(self.params)
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        run.step += 1
+        rows = max(self.rows_s, 1)  # (0 where the rows carried over already make a step)
+        self.bar.set_postfix({"loss": f"{self.kl_s / rows:.3f}", "p_train": f"{self.hits_s / rows:.3f}"}, refresh=False)
+        if self.ranks.main and (run.step % 20 == 0 or run.step == 1):  # kl, hits: rank 0's rows
+            log.info("step %d: %d/%d tokens, loss %.4f, p_train %.3f, lr %.2e %s", run.step, run.seen, self.budget,
+                     self.kl_s * self.ranks.world / rows, self.hits_s * self.ranks.world / rows,
+                     self.sched.get_last_lr()[0], self.out)
+        self.rows_s, self.kl_s, self.hits_s = 0, 0.0, 0
+        now = time.perf_counter()
+        run.elapsed, self.t_run = run.elapsed + now - self.t_run, now
+        if self.ranks.main and now - self.last_eval >= cfg.eval_every_s:
+            self.evaluate()
+            self.last_eval = time.perf_counter()
+        self.mark = self.counters()
+        self.done = self.finished()
+
+    def end(self, at: tuple[int, int, int]) -> None:
+        """The data ran out at `at`: finish there; the rows counted since the last step are dropped
+        (a resume does not feed them again)."""
+        self.run.epoch, self.run.shard, self.run.seq = at
+        self.mark = {**self.counters(), "pending": 0}
+        self.finish()
+
+    def finish(self) -> None:
+        """The last evaluation and checkpoint (and export); the student in eval mode."""
+        run = self.run
+        self.bar.close()
+        run.elapsed += time.perf_counter() - self.t_run
         if not run.history or run.history[-1]["seen"] != run.seen:
             self.evaluate()
         self.checkpoint()
-        log.info("done: %d tokens in %d steps, %.0f s", run.seen, run.step, run.elapsed)
+        self.student.module.eval()
+        self.done = True
+        log.info("done: %d tokens in %d steps, %.0f s %s", run.seen, run.step, run.elapsed, self.out)
 
 
 def _round(x: Any):
     return [round(v, 4) for v in x] if isinstance(x, list) else round(x, 4)
 
 
+def _stream(cache, ranks: Ranks, cfg: LoopConfig, start: tuple[int, int, int], wait: Callable[[], bool]):
+    """(data position after it: (epoch, shard, seq), sequence) in training order from `start` on;
+    (position, None) once the cache runs out, unless --wait and `wait()` (a budget not met yet)."""
+    epoch, shard, seq = start
+    while True:
+        shards = ranks.mine(cache.shards())
+        if shard >= len(shards):
+            if epoch + 1 < cfg.epochs and shards:
+                epoch, shard, seq = epoch + 1, 0, 0
+                continue
+            if cfg.wait and wait():
+                time.sleep(30)  # the cache is still being generated by another process
+                continue
+            yield (epoch, shard, seq), None
+            return
+        seqs = cache.sequences(shards[shard])  # (for self-generated ids: the one teacher pass over the part)
+        order = shard_order(len(seqs), cfg.seed, shard * ranks.world + ranks.rank, epoch)
+        while seq < len(order):
+            seq += 1
+            yield (epoch, shard, seq), seqs[order[seq - 1]]
+        shard, seq = shard + 1, 0
+
+
+def _drive(loops: list[_Loop], cache, ranks: Ranks) -> None:
+    """One pass over the data feeds every student's loop the same sequences in the same order. It
+    starts where the student that is furthest behind resumes; the others skip what they have
+    trained on (each rank the same number of sequences, so the collectives stay in step). After any
+    optimizer step rank 0's clock decides on a checkpoint (every student's, together) or a stop."""
+    cfg = loops[0].cfg
+    for loop in loops:
+        loop.begin()
+    for loop in loops:
+        if loop.done:  # resumed after its budget or step limit
+            loop.finish()
+    live = [loop for loop in loops if not loop.done]
+    if not live:
+        return
+    stream = _stream(cache, ranks, cfg, min(loop.start for loop in live),
+                     wait=lambda: any(loop.run.seen < loop.budget for loop in live))
+    last_ckpt = time.perf_counter()
+    while live:
+        at, seq = next(stream)
+        steps = sum(loop.run.step for loop in live)
+        if any(loop.feed(at, seq) for loop in live if seq is None or at > loop.start):  # (stops at the first True)
+            for loop in live:
+                loop.end(at)
+            return
+        if sum(loop.run.step for loop in live) == steps:
+            continue
+        now = time.perf_counter()
+        _, (save, late) = ranks.agree(0, ranks.main and now - last_ckpt >= cfg.ckpt_every_s,
+                                      ranks.main and any(loop.out_of_time() for loop in live))
+        if save:
+            for loop in live:
+                loop.checkpoint()
+            last_ckpt = time.perf_counter()
+        for loop in live:
+            if loop.done or late:
+                loop.finish()
+        live = [loop for loop in live if not loop.done]
+
+
+def train_together(jobs: list[tuple[LoopConfig, Student, Setup]]) -> list[RunState]:
+    """Train each (cfg, student, setup) on one pass over the data of the first setup's cache (the
+    first cfg's data order and clock), resuming each from its own setup's checkpoint if any.
+    Returns every student's final counters and history."""
+    ranks = Ranks(jobs[0][0].device)
+    loops = [_Loop(cfg, student, s, ranks, i) for i, (cfg, student, s) in enumerate(jobs)]
+    _drive(loops, jobs[0][2].cache, ranks)
+    return [loop.run for loop in loops]
+
+
 def train_student(cfg: LoopConfig, student: Student, s: Setup) -> RunState:
     """Train `student` on the set-up data under `cfg`, resuming from the set-up checkpoint if any.
     Returns the final counters and history."""
-    loop = _Loop(cfg, student, s)
-    loop.train()
-    student.module.eval()
-    return loop.run
+    return train_together([(cfg, student, s)])[0]
+
+
+def train_plans(plans: list[Plan]) -> list[Student]:
+    """Train the plans' students in one run: the data (and for self-generated ids the teacher pass
+    over each part) is opened and read once for all of them. Returns them, in eval mode."""
+    check_plans(plans)
+    cfg = plans[0].cfg
+    data = _open_data(cfg, plans)
+    held_seqs = held_sequences(data[3], cfg.eval_seqs)
+    vocabs: dict[int, tuple] = {}
+    jobs = []
+    for p in plans:
+        s = _student_setup(p, data, held_seqs, vocabs)
+        jobs.append((p.cfg, p.build(s), s))
+    train_together(jobs)
+    return [student for _, student, _ in jobs]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -71,14 +72,16 @@ class OnlineTeacher:
 
 
 class OnlineCache:
-    """A selfgen id directory read as a TeacherCache (see the module docstring)."""
+    """A selfgen id directory read as a TeacherCache (see the module docstring). Its features hold
+    the default anchors of every pipeline width `ns` and any other `layers` (a run's students')."""
 
-    def __init__(self, root: Path, model_dir: Path, tokenizer, ns=(3, 4, 5, 6), device: str = "cpu"):
+    def __init__(self, root: Path, model_dir: Path, tokenizer, ns=(3, 4, 5, 6), device: str = "cpu",
+                 layers: Iterable[int] = ()):
         from spd.models.loading import load_config
 
         self.root = Path(root)
         self.meta = json.loads((self.root / "meta.json").read_text())
-        self.layers = cache_layers(load_config(model_dir).num_hidden_layers, ns)
+        self.layers = sorted(set(cache_layers(load_config(model_dir).num_hidden_layers, ns)) | set(layers))
         self.meta = {**self.meta, "source": "self-generated ids, features online", "layers": self.layers}
         self.jobs: list[Job] = selfgen_jobs(tokenizer, self.meta["split"], self.meta["max_prompt"], seed=self.meta["seed"])
         if fingerprint(self.jobs) != self.meta["fingerprint"]:

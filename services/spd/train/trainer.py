@@ -3,6 +3,7 @@ forward, KL to the teacher restricted to the draft vocabulary, held-out top-1 ag
 
 Public API (reused by `spd train`, the benchmarks and the eval harness):
   train(cfg: spd.config.TrainConfig) -> PDM
+  plan(cfg) -> spd.train.loop.Plan (one student of a run that trains several)
   batch_loss(pdm, seqs, split, fills, s0, t2d, cols) -> (kl_sum, rows, hits)
   loss_rows(seq, t2d) -> the loss positions of a sequence
   evaluate(pdm, seqs, split, s0, t2d, cols, fill=None) -> {"loss", "p", "p_in_vocab", "tokens"}
@@ -24,7 +25,7 @@ from spd.core.schedule import staircase_offset
 from spd.core.split import PipelineSplit, default_anchors, uniform_split
 from spd.train.aligned import aligned_batch_hidden, aligned_logits
 from spd.config import TrainConfig
-from spd.train.loop import RunState, Setup, setup, train_student
+from spd.train.loop import Plan, RunState, Setup, train_plans
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,11 @@ def evaluate(pdm: PDM, seqs: list[dict], split: PipelineSplit, s0: int, t2d: tor
             "tokens": total, "fill": a}
 
 
+def anchors_of(cfg: TrainConfig, split: PipelineSplit) -> list[int]:
+    """The teacher layers the PDM reads: --anchors, else the split's default anchors."""
+    return list(cfg.anchors) if cfg.anchors else list(default_anchors(split))
+
+
 def make_pdm(cfg: TrainConfig, model_dir: Path, config, split: PipelineSplit, draft_ids: torch.Tensor) -> PDM:
     lm_head = None
     if cfg.init_head:
@@ -191,8 +197,7 @@ def make_pdm(cfg: TrainConfig, model_dir: Path, config, split: PipelineSplit, dr
 
         last = load_stage(model_dir, config, range(config.num_hidden_layers - 1, config.num_hidden_layers), ())
         lm_head = last.lm_head.weight.detach()
-    anchors = list(cfg.anchors) if cfg.anchors else list(default_anchors(split))
-    pdm = random_pdm(config, anchors, cfg.ls, draft_ids=draft_ids, lm_head_weight=lm_head,
+    pdm = random_pdm(config, anchors_of(cfg, split), cfg.ls, draft_ids=draft_ids, lm_head_weight=lm_head,
                      seed=cfg.seed)
     # (copying the target's final-norm weights too made the initial logits huge: KL ~16 at step 0)
     pdm.config.schedule, pdm.config.trained_n = cfg.schedule, cfg.n
@@ -234,18 +239,30 @@ class PdmStudent:
         self.rng.setstate(state["rng"])
 
 
+def plan(cfg: TrainConfig) -> Plan:
+    """The PDM of `cfg` as a student of a run (spd.train.loop.train_plans): built once the data is
+    set up, from an exported draft's weights and vocabulary with --init-from (a warm start)."""
+    init = PDM.load(Path(cfg.init_from)) if cfg.init_from else None
+
+    def build(s: Setup) -> PdmStudent:
+        split = uniform_split(s.config.num_hidden_layers, cfg.n)
+        head = cfg.init_head and init is None  # a warm start overwrites the head: no need to load the target's
+        pdm = make_pdm(dataclasses.replace(cfg, init_head=head), s.model_dir, s.config, split, s.d2t).to(cfg.device)
+        if init is not None and s.state is None:  # a warm start: the exported weights, a fresh optimizer
+            pdm.load_state_dict(init.state_dict())
+            cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": init.config.notes.get("tokens_seen")}
+        return PdmStudent(cfg, pdm, split, s)
+
+    return Plan(cfg, ("n", "ls", "anchors", "schedule", "vocab", "data"),
+                lambda config: anchors_of(cfg, uniform_split(config.num_hidden_layers, cfg.n)), build,
+                init.d2t if init else None)
+
+
 def train(cfg: TrainConfig) -> PDM:
     """Train (or resume) a PDM under `cfg`; returns it in eval mode (also exported to OUT/pdm/)."""
-    init = PDM.load(Path(cfg.init_from)) if cfg.init_from else None
-    s = setup(cfg, same=("n", "ls", "anchors", "schedule", "vocab", "data"), d2t=init.d2t if init else None)
-    split = uniform_split(s.config.num_hidden_layers, cfg.n)
-    head = cfg.init_head and init is None  # a warm start overwrites the head: no need to load the target's
-    pdm = make_pdm(dataclasses.replace(cfg, init_head=head), s.model_dir, s.config, split, s.d2t).to(cfg.device)
-    if init is not None and s.state is None:  # a warm start: the exported weights, a fresh optimizer
-        pdm.load_state_dict(init.state_dict())
-        cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": init.config.notes.get("tokens_seen")}
-    train_student(cfg, PdmStudent(cfg, pdm, split, s), s)
-    return pdm
+    [student] = train_plans([plan(cfg)])
+    assert isinstance(student, PdmStudent)
+    return student.module
 
 
 def export(pdm: PDM, path: Path, cfg: TrainConfig, vocab_info: dict, history: list, seen: int, cache) -> None:

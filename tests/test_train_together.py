@@ -1,0 +1,148 @@
+"""Several students trained in one run (spd.train.loop.train_plans): each ends exactly where it ends
+trained alone on the same data and seed, the online teacher runs once per part for all of them (with
+every student's layers), and a stopped run resumes to the result of an uninterrupted one."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from spd.eagle import train as eagle
+from spd.config import EagleTrainConfig, TrainConfig
+from spd.train import online, trainer
+from spd.train.loop import train_plans
+from spd.train.selfgen import IdStore, Job, fingerprint
+from spd.train.teacher import cache_layers, forward_teacher
+
+COMMON = dict(lr=3e-3, warmup=1, eval_seqs=4, eval_every_s=1e9, ckpt_every_s=1e9, progress=False, amp="float32")
+
+
+@pytest.fixture
+def teacher(tiny_dir, tmp_path, monkeypatch):
+    """(tiny target, its fp32 teacher cache: 6 sequences in 3 shards)."""
+    monkeypatch.setenv("SPD_CACHE", str(tmp_path / "spd-cache"))
+    model_dir = tiny_dir("llama", num_layers=6, hidden_size=64, vocab_size=128)
+    g = torch.Generator().manual_seed(0)
+    seqs = [(torch.randint(3, 120, (40,), generator=g).tolist(), [False] * 10 + [True] * 30) for _ in range(6)]
+    forward_teacher(model_dir, seqs, tmp_path / "teacher", batch=2, dtype=torch.float32, shard_tokens=80)
+    return model_dir, tmp_path / "teacher"
+
+
+def _students(model_dir, cache, root, **kw):
+    """The plans of a PDM (n 3, L_s 1, V_s 96) and an EAGLE-3 draft (TTT 2, V_s 80), stepping at
+    different batch sizes."""
+    data = dict(model=str(model_dir), data=str(cache), heldout=str(cache), epochs=3, **COMMON, **kw)
+    return [trainer.plan(TrainConfig(n=3, ls=1, vocab=96, batch_tokens=50, out=str(root / "pdm"), **data)),
+            eagle.plan(EagleTrainConfig(feature_layers=[1, 3, 5], ttt=2, vocab=80, batch_tokens=70, out=str(root / "eagle"), **data))]
+
+
+def _result(out) -> tuple[dict, dict, list[dict]]:
+    """(weights, counters, history without the clock) of a run directory."""
+    state = torch.load(out / "ckpt.pt", weights_only=False)
+    weights = state["pdm"] if "pdm" in state else state["draft"]
+    counters = {k: state[k] for k in ("step", "seen", "pending", "epoch", "shard", "seq")}
+    history = [{k: v for k, v in json.loads(line).items() if k not in ("elapsed_s", "eval_s")}
+               for line in (out / "history.jsonl").read_text().splitlines()]
+    return weights, counters, history
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_each_student_of_a_run_trains_exactly_as_it_does_alone(teacher, tmp_path):
+    model_dir, cache = teacher
+    students = train_plans(_students(model_dir, cache, tmp_path / "together"))
+    assert [s.name for s in students] == ["pdm", "draft"]
+    for i, name in enumerate(("pdm", "eagle")):
+        train_plans([_students(model_dir, cache, tmp_path / "alone")[i]])
+        (w1, c1, h1), (w2, c2, h2) = _result(tmp_path / "together" / name), _result(tmp_path / "alone" / name)
+        _assert_same_weights(w1, w2)
+        assert c1 == c2 and h1 == h2 and c1["step"] > 3, name
+        assert h1[-1]["heldout_loss"] != h1[0]["heldout_loss"]
+
+
+def test_a_stopped_run_resumes_to_the_result_of_an_uninterrupted_one(teacher, tmp_path):
+    model_dir, cache = teacher
+    train_plans(_students(model_dir, cache, tmp_path / "one"))
+    train_plans(_students(model_dir, cache, tmp_path / "two", max_steps=4))  # stopped at different data positions
+    stopped = {name: _result(tmp_path / "two" / name)[1] for name in ("pdm", "eagle")}
+    assert stopped["pdm"]["step"] == stopped["eagle"]["step"] == 4 and stopped["pdm"]["seen"] != stopped["eagle"]["seen"]
+    train_plans(_students(model_dir, cache, tmp_path / "two", resume=True))
+    for name in ("pdm", "eagle"):
+        (w1, c1, h1), (w2, c2, h2) = _result(tmp_path / "one" / name), _result(tmp_path / "two" / name)
+        _assert_same_weights(w1, w2)
+        assert c1 == c2 and h1[-1] == h2[-1], name
+
+
+def _selfgen_dir(root, jobs: list[Job], responses: dict[int, list[int]], parts: int) -> None:
+    """A self-generated id directory of `jobs` with the responses of some of them, in `parts` parts."""
+    store = IdStore(root, {"split": "train", "max_prompt": 64, "seed": 0, "fingerprint": fingerprint(jobs)}, 128)
+    for part in np.array_split(np.array(sorted(responses)), parts):
+        for j in part:
+            store.add(int(j), responses[j])
+        store.flush()
+
+
+def _no_sharegpt(*args):
+    raise FileNotFoundError("no ShareGPT in this test")
+
+
+def test_the_online_teacher_runs_once_per_part_for_all_students_with_all_their_layers(tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPD_CACHE", str(tmp_path / "spd-cache"))
+    model_dir = tiny_dir("llama", num_layers=4, hidden_size=64, vocab_size=128)
+    g = torch.Generator().manual_seed(0)
+    jobs = [Job(tuple(torch.randint(3, 120, (8,), generator=g).tolist()), 0.0) for _ in range(6)]
+    responses = {j: torch.randint(3, 120, (24,), generator=g).tolist() for j in range(len(jobs))}
+    _selfgen_dir(tmp_path / "train", jobs, responses, parts=2)
+    _selfgen_dir(tmp_path / "heldout", jobs, {0: responses[0], 1: responses[1]}, parts=1)
+    monkeypatch.setattr(online, "selfgen_jobs", lambda tokenizer, split, max_prompt, seed: jobs)  # (no ShareGPT prompts)
+    monkeypatch.setattr("spd.models.loading.load_tokenizer", lambda model_dir: None)  # (an id-only model)
+    monkeypatch.setattr("spd.train.vocab.sharegpt_counts", _no_sharegpt)
+    reads: collections.Counter = collections.Counter()  # "dir/part" -> teacher passes over it
+    teachers: list[list[int]] = []  # the layers of each target loaded
+    real_sequences, real_init = online.OnlineCache.sequences, online.OnlineTeacher.__init__
+
+    def sequences(self, part):
+        reads[f"{part.parent.name}/{part.name}"] += 1
+        return real_sequences(self, part)
+
+    def init(self, model_dir, layers, *args, **kwargs):
+        teachers.append(list(layers))
+        real_init(self, model_dir, layers, *args, **kwargs)
+
+    monkeypatch.setattr(online.OnlineCache, "sequences", sequences)
+    monkeypatch.setattr(online.OnlineTeacher, "__init__", init)
+
+    data = dict(model=str(model_dir), data=str(tmp_path / "train"), heldout=str(tmp_path / "heldout"), epochs=2,
+                vocab=100, batch_tokens=40, **COMMON)
+    pdm = TrainConfig(n=3, out=str(tmp_path / "pdm"), **data)
+    plans = [trainer.plan(pdm), trainer.plan(dataclasses.replace(pdm, ls=2, out=str(tmp_path / "pdm-ls2"))),
+             eagle.plan(EagleTrainConfig(ttt=2, out=str(tmp_path / "eagle"), **data))]  # default features (0, 2, 3)
+    students = train_plans(plans)
+
+    assert reads == {"train/part_00000.npz": 2, "train/part_00001.npz": 2, "heldout/part_00000.npz": 1}  # once an epoch
+    assert len(teachers) == 1 and 2 not in cache_layers(4) and {0, 2, 3} <= set(teachers[0])  # one target, every layer
+    assert [s.module.d2t.tolist() for s in students[1:]] == [students[0].module.d2t.tolist()] * 2  # the same V_s: one vocabulary
+    for out in ("pdm", "pdm-ls2", "eagle"):
+        history = [json.loads(line) for line in (tmp_path / out / "history.jsonl").read_text().splitlines()]
+        assert history[-1]["seen"] > 0 and history[-1]["heldout_loss"] != history[0]["heldout_loss"], out
+
+
+def test_students_share_the_data_flags_have_their_own_out_and_find_their_layers(teacher, tmp_path):
+    model_dir, cache = teacher
+    pdm, draft = _students(model_dir, cache, tmp_path)
+    for wrong, what in ((dataclasses.replace(draft.cfg, seed=1), "--seed"), (dataclasses.replace(draft.cfg, out=pdm.cfg.out), "--out")):
+        with pytest.raises(ValueError, match=what):
+            train_plans([pdm, dataclasses.replace(draft, cfg=wrong)])
+    forward_teacher(model_dir, [([5] * 20, [False] * 5 + [True] * 15)], tmp_path / "n3", dtype=torch.float32, ns=(3,))
+    narrow = dataclasses.replace(draft.cfg, data=str(tmp_path / "n3"), heldout="")  # a disk cache of n = 3's anchors
+    with pytest.raises(ValueError, match=r"teacher layers \[1, 3\]"):
+        train_plans([eagle.plan(narrow)])
