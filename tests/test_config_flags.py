@@ -56,3 +56,18 @@ def test_each_flag_lands_in_the_config_field_of_its_name(command, cls, extra, re
     cfg = from_args(cls, parser.parse_args(argv + required), **extra)
     got = {k: getattr(cfg, k) for k in expected}
     assert got == expected
+
+
+def test_a_with_student_is_the_main_flags_with_its_overrides():
+    from spd.commands.train import _config, _students
+
+    parser = _subparser("train")
+    args = parser.parse_args(["--lr", "3e-4", "--n", "4", "--seed", "7", "--out", "runs/main",
+                              "--with", "ls=2 schedule=post anchors=0,6 out=runs/ppsd", "--with", "method=eagle3 ttt=2 init-head=false eval-every=5"])
+    main, ppsd, draft = (_config(cls, s) for cls, s in zip((TrainConfig, TrainConfig, EagleTrainConfig), _students(args)))
+    assert (main.ls, main.schedule, main.out) == (1, "pre", "runs/main")
+    assert (ppsd.n, ppsd.ls, ppsd.schedule, ppsd.anchors, ppsd.lr, ppsd.seed, ppsd.out) == (4, 2, "post", [0, 6], 3e-4, 7, "runs/ppsd")
+    assert (draft.ttt, draft.init_head, draft.eval_every_s, draft.lr, draft.vocab, draft.out) == (2, False, 5.0, 3e-4, 16384, "runs/eagle3")
+    for bad in ("seed=1", "ls", "schedule=mid", "nonsense=1"):  # a shared flag, no value, not a choice, no such flag
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--with", bad])
