@@ -407,6 +407,7 @@ def _stream(cache, ranks: Ranks, cfg: LoopConfig, start: tuple[int, int, int], w
         while seq < len(order):
             seq += 1
             yield (epoch, shard, seq), seqs[order[seq - 1]]
+        del seqs  # before the next part's features are computed: one part in memory, not two
         shard, seq = shard + 1, 0
 
 

@@ -73,7 +73,8 @@ class OnlineTeacher:
 
 class OnlineCache:
     """A selfgen id directory read as a TeacherCache (see the module docstring). Its features hold
-    the default anchors of every pipeline width `ns` and any other `layers` (a run's students')."""
+    exactly `layers` (a run's students' teacher layers; a part's features take ~2 B x d a layer and
+    position, so no more than needed), or by default the default anchors of every pipeline width `ns`."""
 
     def __init__(self, root: Path, model_dir: Path, tokenizer, ns=(3, 4, 5, 6), device: str = "cpu",
                  layers: Iterable[int] = ()):
@@ -81,7 +82,7 @@ class OnlineCache:
 
         self.root = Path(root)
         self.meta = json.loads((self.root / "meta.json").read_text())
-        self.layers = sorted(set(cache_layers(load_config(model_dir).num_hidden_layers, ns)) | set(layers))
+        self.layers = sorted(set(layers)) or cache_layers(load_config(model_dir).num_hidden_layers, ns)
         self.meta = {**self.meta, "source": "self-generated ids, features online", "layers": self.layers}
         self.jobs: list[Job] = selfgen_jobs(tokenizer, self.meta["split"], self.meta["max_prompt"], seed=self.meta["seed"])
         if fingerprint(self.jobs) != self.meta["fingerprint"]:
