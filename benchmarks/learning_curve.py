@@ -25,6 +25,7 @@ import numpy as np
 from results_io import save
 
 ROOT = Path(__file__).resolve().parents[1]
+FIT_FROM = 50_000  # tokens: the fit ignores the first minutes of a run
 SHIPPED = ROOT / "services/spd/assets/drafts/SmolLM2-135M-Instruct/config.json"
 
 
@@ -33,8 +34,8 @@ def needed_p(n: int, s0: float) -> float:
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
-    """(a, b) of p = a + b·log2(tokens), least squares over the points with >= 50k tokens."""
-    pts = [(math.log2(t), p) for t, p in points if t >= 50_000]
+    """(a, b) of p = a + b·log2(tokens), least squares over the points with >= FIT_FROM tokens."""
+    pts = [(math.log2(t), p) for t, p in points if t >= FIT_FROM]
     if len(pts) < 2:
         return None
     b, a = np.polyfit([x for x, _ in pts], [y for _, y in pts], 1)
@@ -85,7 +86,7 @@ def _plot(series: dict, out: dict, target: float, path: Path) -> None:
         ax.plot([t for t, _ in pts], [p for _, p in pts], "o-", label=name)
         f = out["series"][name]["fit"]
         if f and "projected_tokens" in out["series"][name]:
-            xs = [min(t for t, _ in pts), out["series"][name]["projected_tokens"]]
+            xs = [min(t for t, _ in pts if t >= FIT_FROM), out["series"][name]["projected_tokens"]]
             ax.plot(xs, [f[0] + f[1] * math.log2(x) for x in xs], "--", alpha=0.6, label=f"{name}: log-linear fit (projection)")
     ax.axhline(target, color="grey", lw=0.8)
     ax.text(ax.get_xlim()[0] if ax.get_xlim()[0] > 0 else 5e4, target + 0.01, f"S0 = 2 needs p ≥ {target:.3f}", fontsize=8)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from spd.eval.methods import shipped_label
+
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = "SPD n=5 L_s=1 shipped (600k tok)"
+SHIPPED = shipped_label()
 PPSD, EAGLE = "PPSD n=5 (240k)", "EAGLE-3 k=3 (240k)"  # the shipped baselines
 
 

@@ -4,13 +4,14 @@ Two matched training budgets, both on the same data (the target's own responses 
 prompts, same order, lr 1.5e-3 decayed, V_s = 16384):
   main   240k assistant tokens: SPD n = 5, PPSD n = 5, EAGLE-3 (benchmarks/train_main.sh, runs/main/);
          PPSD n = 5 and EAGLE-3 are shipped (spd/assets/baselines/<model>/), so the main table runs
-         without training; the shipped SPD PDM (600k tokens) is an extra row.
+         without training; the shipped SPD PDM (its own budget, in its label) is an extra row.
   sweep  48k tokens: every width / depth / schedule variant (benchmarks/train_sweep.sh, runs/sweep/).
 A method whose checkpoint is missing is skipped and listed as such in the report.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +36,18 @@ def _main(name: str, sub: str, model: str) -> str:
     return str(local if (local / "config.json").exists() else BASELINES / model / name)
 
 
+def shipped_label(model: str = "SmolLM2-135M-Instruct") -> str:
+    """The shipped PDM's row label, with the tokens it was trained on (its config.json)."""
+    from spd.pipeline import SHIPPED_DRAFTS
+
+    path = SHIPPED_DRAFTS / model / "config.json"
+    tokens = json.loads(path.read_text())["notes"].get("tokens_seen", 0) if path.exists() else 0
+    budget = f"{tokens / 1e6:.1f}M" if tokens >= 1e6 else f"{tokens / 1e3:.0f}k"
+    return f"SPD n=5 L_s=1 shipped ({budget} tok)"
+
+
 def default_methods(model: str = "SmolLM2-135M-Instruct") -> list[Method]:
-    m = [Method("SPD n=5 L_s=1 shipped (600k tok)", "spd", "shipped", 5, "pre")]
+    m = [Method(shipped_label(model), "spd", "shipped", 5, "pre")]
     m.append(Method("SPD n=5 (240k)", "spd", str(MAIN / "spd-n5-pre-ls1" / "pdm"), 5, "pre"))
     m.append(Method("PPSD n=5 (240k)", "ppsd", _main("ppsd-n5", "pdm", model), 5, "post"))
     for k in (3, 7, 15):
