@@ -22,7 +22,7 @@ def test_batched_greedy_equals_ar_for_every_row(tiny_dir, arch):
     prompts = [[rng.randrange(1, eos) for _ in range(rng.randrange(1, 40))] for _ in range(11)]
     got: dict[int, list[int]] = {}
     dec = BatchDecoder(model, batch=4, max_new=24, eos_id=eos, slack=5)
-    dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), chunk=3)
+    dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), prefill_tokens=60)
     assert sorted(got) == list(range(len(prompts)))
     for i, p in enumerate(prompts):
         want = ar_tokens(model_dir, p, 24, eos=frozenset({eos}))
@@ -45,7 +45,7 @@ def test_features_recorded_while_decoding_equal_a_prefill_of_the_generated_text(
     feats: dict[int, dict] = {}
     dec = BatchDecoder(model, batch=3, max_new=12, eos_id=eos, slack=4,
                        recorder=FeatureRecorder(layers, feats.__setitem__))
-    dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), chunk=2)
+    dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), prefill_tokens=40)
     teacher = OnlineTeacher(model_dir, layers, dtype=torch.float32)
     want = teacher.features([(p + got[i][:-1], len(p) - 1) for i, p in enumerate(prompts)])
     assert sorted(feats) == list(range(len(prompts)))

@@ -8,10 +8,13 @@ DynamicCache) and explicit masks:
   buffer  k, v: [B, H_kv, C, D] per layer; every row writes its next token at the shared column `c`
   row b   holds real entries in columns [start[b], c); its next position is c - start[b]
 
-A new prompt of length P goes into columns [c - P, c) of a free slot (right-aligned). Attention of a
+A new prompt of length P goes into columns [c - P, c) of a free slot (right-aligned). Prompts are
+prefilled a few at a time, right-padded and causal (no mask to build or read), at most
+`prefill_tokens` padded tokens a forward so that every activation stays in cache. Attention of a
 decode step reads the whole buffer (masked): a contiguous buffer is ~5x faster to multiply on this
 CPU than a strided window of it, so the buffer is kept tight instead: when c reaches C, or a prompt
-needs more room before c, it is re-laid out to the live window plus `slack` columns.
+needs more room before c, it is re-laid out to the live window plus `slack` columns, into the other
+of two storages that are reused (a fresh multi-GB allocation each time costs more than the copy).
 
 With a `FeatureRecorder` (spd.train.recorder) the same passes also record the teacher's anchor
 states and top-k for every generated sequence: generation and teacher features in one pass.
@@ -28,25 +31,19 @@ import torch
 from spd.train.recorder import FeatureRecorder
 
 
-class _BufferCache:
-    """What HF attention modules call as `past_key_values`: writes the step's k, v at the columns
-    `cols` and returns the window [lo, hi) of every row."""
+class _KVCapture:
+    """What HF attention modules call as `past_key_values` in a prefill: each layer attends over
+    exactly its new k, v, kept here to be placed in the buffer afterwards."""
 
-    def __init__(self, bufs: list[list[torch.Tensor]], layer_ids: list[int]):
-        self.bufs = bufs
-        self.slot = {layer: i for i, layer in enumerate(layer_ids)}
-        self.cols = slice(0, 0)
-        self.rows: torch.Tensor | slice = slice(None)
-        self.window = slice(0, 0)
+    def __init__(self):
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> k, v: [b, H_kv, P, D]
 
-    def update(self, k, v, layer_idx, *args, **kwargs):  # k, v: [b, H_kv, T, D]
-        bk, bv = self.bufs[self.slot[layer_idx]]
-        bk[self.rows, :, self.cols] = k
-        bv[self.rows, :, self.cols] = v
-        return bk[self.rows, :, self.window], bv[self.rows, :, self.window]
+    def update(self, k, v, layer_idx, *args, **kwargs):
+        self.kv[layer_idx] = (k, v)
+        return k, v
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.window.stop - self.window.start
+        return 0
 
 
 @dataclass
@@ -70,8 +67,9 @@ class BatchDecoder:
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
         self.C, self.c = 0, 0  # buffer width; next column every row writes
+        self.store = self.spare = torch.zeros(0, dtype=self.dtype, device=self.device)  # the two storages
+        self.widest = 0  # buffer width the storages are sized for: a live row spans <= prompt + max_new
         self.bufs = self._alloc(0)
-        self.cache = _BufferCache(self.bufs, list(range(cfg.num_hidden_layers)))
         self.start = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] first real column per slot (c when free)
         self.rows: list[_Row | None] = [None] * batch
         self.next = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] token each slot feeds next
@@ -84,8 +82,19 @@ class BatchDecoder:
 
     # -- buffer layout -----------------------------------------------------------------------------
     def _alloc(self, width: int) -> list[list[torch.Tensor]]:
-        return [[torch.zeros(self.B, *self.kv_shape[:1], width, self.kv_shape[1], dtype=self.dtype, device=self.device)
-                 for _ in range(2)] for _ in range(self.model.config.num_hidden_layers)]
+        """Contiguous k, v buffers [B, H_kv, width, D] per layer, in the spare storage, which becomes
+        the current one. Reused columns hold stale but finite values: outside a row's window they
+        are masked to -inf, so they weigh exactly 0."""
+        need = self._numel(width)
+        if self.spare.numel() < need:  # (once per run: first touching GBs of fresh memory is slow)
+            self.spare = torch.zeros(max(need, self._numel(self.widest)), dtype=self.dtype, device=self.device)
+        self.store, self.spare = self.spare, self.store
+        L, (hk, hd) = self.model.config.num_hidden_layers, self.kv_shape
+        view = self.store[:need].view(L, 2, self.B, hk, width, hd)
+        return [[view[i, 0], view[i, 1]] for i in range(L)]
+
+    def _numel(self, width: int) -> int:
+        return self.model.config.num_hidden_layers * 2 * self.B * self.kv_shape[0] * width * self.kv_shape[1]
 
     def _relayout(self, before: int = 0) -> None:
         """New buffers holding the live columns [lo, c) at [off, off + c - lo), with c >= `before`
@@ -94,29 +103,31 @@ class BatchDecoder:
         lo = int(self.start[live].min()) if live else self.c
         off = max(0, before - (self.c - lo))
         width = off + (self.c - lo) + self.slack
-        new = self._alloc(width)
-        for (nk, nv), (ok, ov) in zip(new, self.bufs):
+        old, self.bufs = self.bufs, self._alloc(width)
+        for (nk, nv), (ok, ov) in zip(self.bufs, old):
             nk[:, :, off:off + self.c - lo] = ok[:, :, lo:self.c]
             nv[:, :, off:off + self.c - lo] = ov[:, :, lo:self.c]
-        self.bufs = self.cache.bufs = new
         self.start += off - lo
         self.c, self.C = off + self.c - lo, width
         free = torch.tensor([r is None for r in self.rows], device=self.device)
         self.start[free] = self.c
 
     # -- model calls -------------------------------------------------------------------------------
-    def _layers(self, h, pos, mask):
-        """h: [b, T, d], pos: [b, T], mask: [b, 1, T, W] -> last-position logits [b, V] and the
-        recorded H[b], each [b, T, d]."""
+    def _layers(self, ids, lens, cap: _KVCapture):
+        """ids: [b, P] right-padded, lens [b] -> the logits of each row's last prompt position [b, V]
+        (fp32) and the recorded H[b], each [b, P, d]; the k, v of every layer land in `cap`."""
+        h = self.inner.embed_tokens(ids)  # [b, P, d]
+        pos = torch.arange(ids.shape[1], device=self.device)[None].expand(ids.shape[0], -1)  # [b, P]
         rope = self.inner.rotary_emb(h, pos)
         states = []
         for i, layer in enumerate(self.inner.layers):
             if i in self.keep:
                 states.append(h)
-            h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=self.cache, position_embeddings=rope)
+            h = layer(h, attention_mask=None, position_ids=pos, past_key_values=cap, position_embeddings=rope)
         if len(self.inner.layers) in self.keep:
             states.append(h)
-        return self.model.lm_head(self.inner.norm(h[:, -1])), states
+        last = h[torch.arange(len(lens), device=self.device), lens - 1]  # [b, d]
+        return self.model.lm_head(self.inner.norm(last)).float(), states
 
     def _layer_step(self, layer, h, cos, sin, kb, vb, bias):
         """One decoder layer for one new token per row, attending over the whole (masked) buffer.
@@ -143,34 +154,52 @@ class BatchDecoder:
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _choose(self, logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
-        """logits [b, V] -> ids [b]: argmax where temp == 0, else a sample at that temperature."""
-        greedy = logits.float().argmax(-1)  # (bf16 argmax is 4x slower on CPU)
+        """logits [b, V] fp32 -> ids [b]: argmax where temp == 0, else a sample at that temperature."""
+        greedy = logits.argmax(-1)
         if not (temps > 0).any():
             return greedy
-        probs = torch.softmax(logits.float() / temps.clamp_min(1e-3)[:, None], -1)
+        probs = torch.softmax(logits / temps.clamp_min(1e-3)[:, None], -1)
         return torch.where(temps > 0, torch.multinomial(probs, 1, generator=self.gen)[:, 0], greedy)
 
-    def _prefill(self, slots: list[int], prompts: list[list[int]], temps: list[float]) -> None:
-        """Run the prompts (left-padded to P) and place their KV in columns [c - len, c) of `slots`."""
+    @staticmethod
+    def _prefill_groups(free: list[int], queue: list, tokens: int):
+        """Pop jobs off `queue` into the `free` slots, in groups of at most `tokens` padded tokens."""
+        slots: list[int] = []
+        batch: list = []
+        for s in free:
+            if not queue:
+                break
+            if batch and (len(batch) + 1) * max(len(queue[-1][1]), *(len(p) for _, p, _ in batch)) > tokens:
+                yield slots, batch
+                slots, batch = [], []
+            slots.append(s)
+            batch.append(queue.pop())
+        if batch:
+            yield slots, batch
+
+    def _prefill(self, slots: list[int], batch: list[tuple[int, Sequence[int], float]]) -> None:
+        """Run the jobs' prompts (right-padded to P) and place their KV in columns [c - len, c) of `slots`."""
+        prompts = [list(p) for _, p, _ in batch]
         P = max(len(p) for p in prompts)
         if self.c < P:
             self._relayout(before=P)
         dev = self.device
         lens = torch.tensor([len(p) for p in prompts], device=dev)
-        ids = torch.tensor([[self.eos] * (P - len(p)) + list(p) for p in prompts], device=dev)  # [b, P]
-        real = torch.arange(P, device=dev)[None, :] >= (P - lens)[:, None]  # [b, P]
-        pos = (real.long().cumsum(-1) - 1).clamp_min(0)  # [b, P]
-        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-        mask = (causal[None] & real[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)[None]  # pads see themselves
+        ids = torch.tensor([list(p) + [self.eos] * (P - len(p)) for p in prompts], device=dev)  # [b, P]
+        cap = _KVCapture()
+        logits, states = self._layers(ids, lens, cap)
+        for layer, (kb, vb) in enumerate(self.bufs):
+            k, v = cap.kv[layer]  # [b, H_kv, P, D]
+            for i, (s, n) in enumerate(zip(slots, lens.tolist())):
+                kb[s, :, self.c - n:self.c] = k[i, :, :n]
+                vb[s, :, self.c - n:self.c] = v[i, :, :n]
         idx = torch.tensor(slots, device=dev)
-        self.cache.rows, self.cache.cols, self.cache.window = idx, slice(self.c - P, self.c), slice(self.c - P, self.c)
-        logits, states = self._layers(self.inner.embed_tokens(ids), pos, mask[:, None])
         self.start[idx] = self.c - lens
-        self.next[idx] = self._choose(logits, torch.tensor(temps, device=dev))
+        self.next[idx] = self._choose(logits, torch.tensor([t for _, _, t in batch], device=dev))
         if self.recorder:
-            self.recorder.prefill(idx, [len(p) for p in prompts], states, logits)
-        for s, p, t in zip(slots, prompts, temps):
-            self.rows[s] = _Row(job=-1, temp=t, prompt=p)
+            self.recorder.prefill(idx, lens.tolist(), states, logits)
+        for s, (job, p, t) in zip(slots, batch):
+            self.rows[s] = _Row(job=job, temp=t, prompt=list(p))
 
     def _step(self) -> None:
         """One decode step for every slot: column c, window [min start, c]."""
@@ -189,7 +218,7 @@ class BatchDecoder:
             h = self._layer_step(layer, h, cos, sin, kb, vb, bias)
         if len(self.inner.layers) in self.keep:
             states.append(h[:, 0])
-        logits = self.model.lm_head(self.inner.norm(h[:, -1]))
+        logits = self.model.lm_head(self.inner.norm(h[:, -1])).float()  # [B, V]
         self.c += 1
         if self.recorder:
             fed = [(s, len(r.out) - 1) for s, r in enumerate(self.rows) if r is not None]  # (slot, response index fed)
@@ -201,25 +230,19 @@ class BatchDecoder:
     # -- driver ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, jobs: Sequence[tuple[int, Sequence[int], float]], on_done, refill: int = 0,
-            chunk: int = 32) -> None:
+            prefill_tokens: int = 2048) -> None:
         """Decode every (id, prompt, temperature); `on_done(id, response ids)` as each finishes
         (eos included when produced; at most max_new tokens); a true return from on_done ends the
         run there. Free slots are refilled once `refill` of them (default B/8) wait, so that
-        prefills run as batches, not a row at a time."""
+        prefills run as batches (of at most `prefill_tokens` padded tokens), not a row at a time."""
         queue = list(jobs)[::-1]
+        self.widest = max([self.widest, *(len(p) + self.max_new + self.slack for _, p, _ in queue)])
         refill = refill or max(1, self.B // 8)
         while queue or any(self.rows):
             free = [s for s, r in enumerate(self.rows) if r is None]
             if queue and len(free) >= min(refill, len(queue)):
-                take = free[:len(queue)]
-                for i in range(0, len(take), chunk):
-                    slots = take[i:i + chunk]
-                    batch = [queue.pop() for _ in slots]
-                    self._prefill(slots, [list(p) for _, p, _ in batch], [t for _, _, t in batch])
-                    for s, (jid, _, _) in zip(slots, batch):
-                        row = self.rows[s]
-                        assert row is not None  # _prefill filled the slot
-                        row.job = jid
+                for slots, batch in self._prefill_groups(free, queue, prefill_tokens):
+                    self._prefill(slots, batch)
             nxt = self.next.tolist()  # one device sync per step
             for s, row in enumerate(self.rows):  # the token each slot is about to feed is its output
                 if row is None:

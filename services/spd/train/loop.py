@@ -46,6 +46,7 @@ import torch
 
 from spd.config import SHARED, LoopConfig
 from spd.train.ranks import Ranks
+from spd.train.memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ def _open_data(cfg: LoopConfig, plans: list[Plan]) -> tuple[Path, Any, Any, Any]
     from spd.models.loading import load_config, resolve_model
 
     torch.set_num_threads(cfg.threads)
+    keep_freed_memory()
     model_dir = resolve_model(cfg.model)
     config = load_config(model_dir)
     needs = [(p.cfg.out, set(p.layers(config))) for p in plans]

@@ -27,9 +27,11 @@ class OnlineTeacher:
     """The target in bf16; `features(batch)` -> cache-style dicts (anchors from its hidden states)."""
 
     def __init__(self, model_dir: Path, layers: list[int], dtype=torch.bfloat16, device: str = "cpu",
-                 batch_tokens: int = 8192):
+                 batch_tokens: int = 0):
         self.model = load_hf(model_dir, dtype).to(device)
-        self.layers, self.device, self.batch_tokens = layers, device, batch_tokens
+        # padded tokens per forward: on a CPU ~2k keeps each activation in cache (faster than 8k here)
+        self.layers, self.device = layers, device
+        self.batch_tokens = batch_tokens or (2048 if device == "cpu" else 32768)
         self._last = torch.empty(0)
         self.model.model.layers[-1].register_forward_hook(self._keep_last)
 
@@ -44,11 +46,12 @@ class OnlineTeacher:
 
     @torch.inference_mode()
     def _forward(self, seqs: list[tuple[list[int], int]]) -> list[dict]:
-        """seqs: (tokens, first loss position) right-padded into one batch."""
+        """seqs: (tokens, first loss position) right-padded into one batch. No padding mask: under the
+        causal mask a real position sees only the real ones before it (the pads come after), and
+        the causal kernel skips the masked half instead of reading a [T, T] mask."""
         T = max(len(t) for t, _ in seqs)
         ids = torch.tensor([t + [0] * (T - len(t)) for t, _ in seqs], device=self.device)  # [B, T]
-        mask = (torch.arange(T, device=self.device)[None] < torch.tensor([len(t) for t, _ in seqs], device=self.device)[:, None]).long()
-        out = self.model.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        out = self.model.model(input_ids=ids, output_hidden_states=True)
         states = torch.stack([self._raw(out, b) for b in self.layers], dim=2)  # [B, T, m, d]
         rows = []
         for i, (tok, start) in enumerate(seqs):

@@ -16,6 +16,7 @@ import torch
 from spd.models.loading import load_tokenizer, resolve_model
 from spd.train.data import encode_chat, load_sharegpt, prompt_ids, split_conversations
 from spd.train.teacher import forward_teacher, record_teacher, teacher_dir
+from spd.train.memory import keep_freed_memory
 
 
 def selfgen_prompts(tokenizer, split: str, max_prompt: int, seed: int = 0, block: int = 256) -> list[list[int]]:
@@ -61,6 +62,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
+    keep_freed_memory()
     model_dir = resolve_model(args.model)
     tok = load_tokenizer(model_dir)
     out = teacher_dir(model_dir, args.name or f"{args.kind}-{args.split}")

@@ -40,12 +40,11 @@ class FeatureRecorder:
         self.top_p = torch.zeros(batch, max_new, TOP_K, dtype=torch.float16, device=device)
 
     def prefill(self, slots: torch.Tensor, lens: list[int], states: list[torch.Tensor], logits: torch.Tensor) -> None:
-        """slots [b]; states: H[b] per recorded layer, each [b, P, d] left-padded; logits [b, V] of the
+        """slots [b]; states: H[b] per recorded layer, each [b, P, d] right-padded; logits [b, V] of the
         last prompt position (they chose response[0])."""
         h = torch.stack(states, 2).half()  # [b, P, m, d]
-        P = h.shape[1]
         for i, (s, n) in enumerate(zip(slots.tolist(), lens)):
-            self.prompt_anchors[s] = h[i, P - n:].clone()
+            self.prompt_anchors[s] = h[i, :n].clone()
         self.top_ids[slots, 0], self.top_p[slots, 0] = top_k_probs(logits)
 
     def step(self, live: torch.Tensor, j: torch.Tensor, states: list[torch.Tensor], logits: torch.Tensor) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from spd.train.memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
+    keep_freed_memory()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     device = args.device
     if world > 1 and device == "cuda":
