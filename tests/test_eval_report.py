@@ -66,3 +66,15 @@ def test_missing_checkpoints_are_one_line_and_a_lone_width_gets_no_sweep_plot(tm
     assert md.count("runs/sweep") == 2 and "2 variants have no checkpoint here" in md
     names = plots(methods, table, COSTS, tmp_path)
     assert "width_sweep.png" not in names and (tmp_path / "cycle_breakdown.png").exists()
+
+
+def test_every_equal_budget_run_adds_its_four_methods_smallest_budget_first(tmp_path):
+    from spd.eval.methods import equal_budget_methods
+
+    for name in ("equal-2000000", "equal-400000", "equal-notes"):
+        (tmp_path / name).mkdir()
+    rows = equal_budget_methods(tmp_path)
+    assert [m.label for m in rows] == [f"{kind} ({b}, equal)" for b in ("400k", "2.0M") for kind in
+                                       ("SPD n=5 L_s=1", "SPD n=5 L_s=2", "PPSD n=5", "EAGLE-3 k=7")]
+    assert rows[2].kind == "ppsd" and rows[2].schedule == "post" and rows[3].k == 7
+    assert rows[0].draft == str(tmp_path / "equal-400000" / "spd-n5-ls1" / "pdm")

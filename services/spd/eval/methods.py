@@ -6,6 +6,8 @@ prompts, same order, lr 1.5e-3 decayed, V_s = 16384):
          PPSD n = 5 and EAGLE-3 are shipped (spd/assets/baselines/<model>/), so the main table runs
          without training; the shipped SPD PDM (its own budget, in its label) is an extra row.
   sweep  48k tokens: every width / depth / schedule variant (benchmarks/train_sweep.sh, runs/sweep/).
+and, for every runs/equal-<TOKENS>/ trained here (benchmarks/train_equal_budget.sh), SPD n = 5 at
+L_s = 1 and 2, PPSD n = 5 and EAGLE-3 k = 7 at that budget, from one teacher pass over one stream.
 A method whose checkpoint is missing is skipped and listed as such in the report.
 """
 
@@ -15,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SWEEP, MAIN = Path("runs/sweep"), Path("runs/main")
+SWEEP, MAIN, RUNS = Path("runs/sweep"), Path("runs/main"), Path("runs")
 BASELINES = Path(__file__).resolve().parents[1] / "assets" / "baselines"  # shipped baseline drafts, per model
 
 
@@ -42,8 +44,7 @@ def shipped_label(model: str = "SmolLM2-135M-Instruct") -> str:
 
     path = SHIPPED_DRAFTS / model / "config.json"
     tokens = json.loads(path.read_text())["notes"].get("tokens_seen", 0) if path.exists() else 0
-    budget = f"{tokens / 1e6:.1f}M" if tokens >= 1e6 else f"{tokens / 1e3:.0f}k"
-    return f"SPD n=5 L_s=1 shipped ({budget} tok)"
+    return f"SPD n=5 L_s=1 shipped ({_budget(tokens)} tok)"
 
 
 def default_methods(model: str = "SmolLM2-135M-Instruct") -> list[Method]:
@@ -60,7 +61,24 @@ def default_methods(model: str = "SmolLM2-135M-Instruct") -> list[Method]:
         m.append(Method(f"SPD n={n} (48k)", "spd", sweep(f"spd-n{n}-pre-ls1"), n, "pre", groups=("n",)))
     for n in (2, 3, 5, 6):
         m.append(Method(f"PPSD n={n} (48k)", "ppsd", sweep(f"ppsd-n{n}"), n, "post", groups=("main", "n")))
-    return m
+    return m + equal_budget_methods()
+
+
+def _budget(tokens: int) -> str:
+    return f"{tokens / 1e6:.1f}M" if tokens >= 1e6 else f"{tokens / 1e3:.0f}k"
+
+
+def equal_budget_methods(runs: Path = RUNS) -> list[Method]:
+    """The rows of every runs/equal-<TOKENS>/ here, smallest budget first."""
+    out = []
+    budgets = sorted((int(d.name[len("equal-"):]), d) for d in runs.glob("equal-*") if d.name[len("equal-"):].isdigit())
+    for tokens, d in budgets:
+        b = _budget(tokens)
+        out += [Method(f"SPD n=5 L_s=1 ({b}, equal)", "spd", str(d / "spd-n5-ls1" / "pdm"), 5, "pre"),
+                Method(f"SPD n=5 L_s=2 ({b}, equal)", "spd", str(d / "spd-n5-ls2" / "pdm"), 5, "pre"),
+                Method(f"PPSD n=5 ({b}, equal)", "ppsd", str(d / "ppsd-n5" / "pdm"), 5, "post"),
+                Method(f"EAGLE-3 k=7 ({b}, equal)", "eagle3", str(d / "eagle3" / "draft"), k=7)]
+    return out
 
 
 def available(methods: list[Method]) -> tuple[list[Method], list[Method]]:
