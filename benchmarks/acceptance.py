@@ -1,24 +1,31 @@
-"""Benchmark (not a test): greedy acceptance of one or more PDMs on held-out evaluation prompts, per set.
+"""Benchmark (not a test): greedy acceptance of PDMs and EAGLE-3 drafts on held-out evaluation prompts, per set.
 
-Exact verdicts by the offline replay (spd.eval.acceptance; it matches the live engine's counts,
-see tests/test_fast_acceptance.py): N, K, α = N/K and S0 = n·α for MT-Bench first turns, GSM8K
-and HumanEval (none of them used in training). The target's greedy run (and its anchor states) is
+Exact verdicts by the offline replays (spd.eval.acceptance; they match the live engines' counts,
+see tests/test_fast_acceptance.py): for a PDM N, K, α = N/K and S0 = n·α; for an EAGLE-3 draft the
+oracle τ = decode tokens per draft–verify round at chain length k. MT-Bench first turns, GSM8K and
+HumanEval (none of them used in training). The target's greedy run (and its anchor states) is
 computed once per prompt and replayed for every draft, so drafts are compared on the same text.
 
-    python benchmarks/acceptance.py [--draft [LABEL=]DIR ...] [--n 5] [--prompts 10] [--max-tokens 128] [--out ...]
+    python benchmarks/acceptance.py [--draft [LABEL=]DIR ...] [--eagle [LABEL=]DIR ...] [--k 7] [--n 5]
+        [--prompts 10] [--max-tokens 128] [--out ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
 from spd.core.drafter import DrafterState
 from spd.core.pdm import PDM
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.eval.acceptance import ar_with_anchors, replay
+from spd.core.target import context_limit, max_new_tokens
+from spd.eagle.drafter import EagleDrafter
+from spd.eagle.engine import ensure_anchors
+from spd.eagle.model import EagleDraft
+from spd.eval.acceptance import ar_with_anchors, eagle_replay, replay
 from spd.eval.prompts import SETS, load
 from spd.pipeline import PipelineConfig, build_local, resolve_draft
 from spd.text import encode_prompt
@@ -26,9 +33,9 @@ from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a
 
 
 def _drafts(specs: list[str]) -> list[tuple[str, str | None]]:
-    """[LABEL=]DIR -> (label, dir); none given: the shipped PDM."""
+    """[LABEL=]DIR -> (label, dir); 'shipped': the shipped PDM."""
     out = []
-    for spec in specs or ["shipped"]:
+    for spec in specs:
         label, _, path = spec.rpartition("=")
         out.append((label or path, None if path == "shipped" else path))
     return out
@@ -38,6 +45,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", action="append", default=[],
                     help="[LABEL=]PDM directory, repeatable ('shipped': the shipped one, the default)")
+    ap.add_argument("--eagle", action="append", default=[], help="[LABEL=]EAGLE-3 draft directory, repeatable")
+    ap.add_argument("--k", type=int, default=7, help="EAGLE-3 chain length (default 7)")
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--schedule", default="pre", choices=["pre", "post"])
     ap.add_argument("--prompts", type=int, default=10, help="first K prompts of each set")
@@ -45,7 +54,7 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--out", default="benchmarks/results/acceptance.json")
     args = ap.parse_args()
-    drafts = _drafts(args.draft)
+    drafts = _drafts(args.draft or ["shipped"])
     local = build_local(PipelineConfig(n=args.n, draft=drafts[0][1]))
     drafters = {drafts[0][0]: local.drafter()}
     for label, path in drafts[1:]:
@@ -53,10 +62,16 @@ def main() -> None:
         assert local.pdm is not None and pdm.config.anchors == local.pdm.config.anchors, \
             f"{label}: every draft must read the same anchors (the target runs once for all)"
         drafters[label] = DrafterState(pdm, local.stages[0].embed, local.split)
+    eagles = {}
+    for label, path in _drafts(args.eagle):
+        draft = EagleDraft.load(Path(path), embed_weight=local.stages[0].embed.weight)
+        ensure_anchors(local.stages, list(draft.config.feature_layers))
+        eagles[label] = (EagleDrafter(draft), list(draft.config.feature_layers))
     stop = StopRule(args.max_tokens, eos_ids_of(local.tokenizer, local.config))
-    rows: dict[str, dict] = {label: {} for label in drafters}
+    rows: dict[str, dict] = {label: {} for label in [*drafters, *eagles]}
     for name in args.sets.split(","):
         counts = {label: [0, 0, 0, 0] for label in drafters}  # N, K, accepts, rejects
+        ecounts = {label: [0, 0, 0] for label in eagles}  # decode tokens, rounds, accepts
         t0 = time.perf_counter()
         for messages in tqdm(load(name, args.prompts), desc=name):
             prompt = encode_prompt(local.tokenizer, messages=messages)
@@ -65,16 +80,30 @@ def main() -> None:
                 r = replay(drafter, prompt, generated, anchors, args.schedule)
                 c = counts[label]
                 c[:] = c[0] + r.generated_tokens, c[1] + r.cycles, c[2] + r.accepts, c[3] + r.rejects
+            for label, (eagle, layers) in eagles.items():
+                e = eagle_replay(eagle, layers, prompt, generated, anchors, args.k,
+                                 max_new_tokens(len(prompt), stop, local.stages), context_limit(local.stages))
+                c = ecounts[label]
+                c[:] = c[0] + e.generated_tokens - 1, c[1] + e.cycles, c[2] + e.accepts
         for label, (N, K, acc, rej) in counts.items():
             rows[label][name] = {"prompts": args.prompts, "N": N, "K": K, "alpha": N / K, "S0": args.n * N / K,
                                  "judgement_accept_rate": acc / max(acc + rej, 1), "seconds": time.perf_counter() - t0}
+        for label, (D, R, acc) in ecounts.items():
+            rows[label][name] = {"prompts": args.prompts, "k": args.k, "decode_tokens": D, "rounds": R, "accepts": acc,
+                                 "tau": D / R}
     result = {"n": args.n, "schedule": args.schedule, "max_tokens": args.max_tokens,
-              "drafts": {label: {"dir": path or "shipped", "sets": rows[label]} for label, path in drafts}}
+              "drafts": {label: {"dir": path or "shipped", "sets": rows[label]} for label, path in drafts},
+              "eagle": {label: {"dir": path, "k": args.k, "sets": rows[label]} for label, path in _drafts(args.eagle)}}
     lines = [f"n = {args.n}, {args.schedule}-step, greedy, first {args.prompts} prompts per set, <= {args.max_tokens} tokens, "
              "exact replay (the target's text computed once, every draft replayed on it)",
              "", "| draft | set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {label} | {name} | {r['N']} | {r['K']} | {r['alpha']:.3f} | {r['S0']:.2f} | {r['judgement_accept_rate']:.3f} |"
-              for label, sets in rows.items() for name, r in sets.items()]
+              for label, sets in rows.items() if label in drafters for name, r in sets.items()]
+    if eagles:
+        lines += ["", f"EAGLE-3, chain length k = {args.k}, oracle τ = decode tokens per draft–verify round (same text):", "",
+                  "| draft | set | decode tokens | rounds | accepted drafts | τ |", "|---|---|---|---|---|---|"]
+        lines += [f"| {label} | {name} | {r['decode_tokens']} | {r['rounds']} | {r['accepts']} | {r['tau']:.2f} |"
+                  for label, sets in rows.items() if label in eagles for name, r in sets.items()]
     save(args.out, result, "\n".join(lines))
 
 

@@ -8,6 +8,9 @@ per second", greedy, on a seeded sample of the self-generation prompts (sorted b
                then the features by batched bf16 prefills (`spd.train.online`); timed together
   new          continuous batching, bf16, batch B, the features recorded by the decode steps
                themselves, written as cache shards (`spd.train.teacher.record_teacher`)
+Every measurement after `old` runs with glibc malloc keeping freed memory (`spd.train.memory`, as
+the teacher and trainer processes do): the old teacher runs as it always did, the old trainer
+gets the setting too (so its ratio is, if anything, understated).
 Trainer = PDM positions per second (aligned forward + KL + backward + AdamW), same sequences:
   old  fp32, one sequence per forward, attention through the dense [C*T, C*T] staircase mask
   new  bf16 autocast (fp32 master weights and optimizer state), one packed forward per optimizer
@@ -34,6 +37,7 @@ from spd.core.pdm import random_pdm
 from spd.core.split import default_anchors, uniform_split
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.train.batch_decode import BatchDecoder
+from spd.train.memory import keep_freed_memory
 from spd.train.online import OnlineTeacher
 from spd.train.selfgen import selfgen_jobs
 from spd.train.teacher import TOP_K, ShardWriter, HookCapture, cache_layers, load_hf, record_teacher
@@ -199,6 +203,7 @@ def main(argv=None) -> int:
     layers, eos = cache_layers(config.num_hidden_layers), tok.eos_token_id
     with tempfile.TemporaryDirectory() as tmp:
         old = teacher_old(model_dir, prompts, args.max_new, eos, Path(tmp))
+        keep_freed_memory()
         new = teacher_new(model_dir, prompts, args.max_new, eos, args.batch, Path(tmp))
     two_pass, feats = teacher_ids_prefill(model_dir, prompts, args.max_new, eos, layers, args.batch)
     seqs = feats[: args.train_seqs]

@@ -30,3 +30,33 @@ def test_replayed_verdicts_equal_the_engine_counts(tiny_dir, n, schedule):
         assert (fast.accepts, fast.rejects, fast.cycles) == (live.stats.accepts, live.stats.rejects, live.stats.cycles)
         mixed |= fast.accepts > 0 and fast.rejects > 0
     assert mixed or (schedule == "post" and n == 1)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_replayed_eagle_rounds_equal_the_live_eagle_engine(tiny_dir, k):
+    import torch
+
+    from spd.core.target import context_limit, max_new_tokens
+    from spd.eagle.engine import EagleEngine
+    from spd.eagle.model import random_eagle
+    from spd.eval.acceptance import eagle_replay
+
+    # A small vocabulary makes a random draft right often enough to accept chains of several tokens.
+    model_dir = tiny_dir("llama", vocab_size=6, num_layers=6, init_std=0.3)
+    layers = [1, 3, 5]
+    config, _, stages = pipeline(model_dir, 1, layers)
+    draft = random_eagle(config, tuple(layers), draft_ids=torch.arange(config.vocab_size),
+                         embed_weight=stages[0].embed.weight, seed=2)
+    engine = EagleEngine(stages, draft, k)
+    some_accepted = False
+    for prompt in PROMPTS:
+        stop = StopRule(30, frozenset({5}))
+        live = engine.generate(prompt, SamplingParams(), stop)
+        generated, anchors = ar_with_anchors(stages, prompt, stop)
+        fast = eagle_replay(engine.drafter, layers, prompt, generated, anchors, k,
+                            max_new_tokens(len(prompt), stop, stages), context_limit(stages))
+        assert generated == live.token_ids
+        assert (fast.generated_tokens, fast.cycles, fast.accepts) == (
+            live.stats.generated_tokens, live.stats.cycles, live.stats.accepts)
+        some_accepted |= fast.accepts > 0
+    assert some_accepted

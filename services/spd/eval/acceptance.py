@@ -114,3 +114,50 @@ def _commit(drafter: DrafterState, pos: int, tokens: list[int], anchors: list[di
     drafter.enter(pos, torch.tensor(tokens))
     stacked = {b: torch.stack([anchors[pos + k][b] for k in range(len(tokens))]) for b in drafter.anchors}
     drafter.observe(pos, len(tokens), n, stacked)
+
+
+@dataclass
+class EagleAcceptance:
+    generated_tokens: int  # N
+    cycles: int  # draft–verify rounds after the prefill
+    accepts: int  # drafts accepted
+
+    @property
+    def tau(self) -> float | None:
+        """Decode tokens (the prefill's excluded) per round, as spd.eagle.engine.tau."""
+        return (self.generated_tokens - 1) / self.cycles if self.cycles else None
+
+
+def eagle_replay(drafter, layers: list[int], prompt: list[int], generated: list[int], anchors: list[dict],
+                 k: int, max_tokens: int, context: int) -> EagleAcceptance:
+    """The rounds of a greedy EAGLE-3 run (spd.eagle.engine.EagleEngine.generate) that commits
+    `generated` after `prompt`, with the target's verdicts read off its own greedy text instead of
+    a verification forward. A round drafts d_1..d_k at committed length L; the target accepts the
+    longest prefix with d_j = x_{L+j-1}, then commits its own next token (correction or bonus):
+
+        m = max{j : d_1..d_j all match},   commit x_L..x_{L+m},   accepts += m.
+
+    The draft then catches up on the committed positions' target features (H[layers] at L-1 ..
+    L-1+m), exactly what the live engine feeds it from the verification forward. `max_tokens`:
+    the run's token cap (after the context clamp); `context`: the target's position limit."""
+    def features(a: int, b: int) -> torch.Tensor:  # [b - a, len(layers), d]
+        return torch.stack([torch.stack([anchors[i][layer] for layer in layers]) for i in range(a, b)])
+
+    drafter.reset()
+    P, G = len(prompt), len(generated)
+    tokens = list(prompt) + generated[:1]
+    pending, nxt = features(0, P), tokens[1:]
+    out = EagleAcceptance(G, 0, 0)
+    while len(tokens) - P < G:
+        L, g = len(tokens), len(tokens) - P  # committed length; tokens generated so far
+        chain, _ = drafter.chain(pending, torch.tensor(nxt), min(k, max_tokens - g - 1, context - L), SamplingParams(), L)
+        m = 0
+        while m < len(chain) and g + m < G and chain[m] == generated[g + m]:
+            m += 1
+        committed = generated[g:g + m + 1]  # (shorter only where the run ends inside the chain)
+        out.cycles += 1
+        out.accepts += min(m, len(committed))
+        drafter.rollback()
+        pending, nxt = features(L - 1, L - 1 + len(committed)), committed
+        tokens += committed
+    return out
