@@ -4,7 +4,7 @@ A directory of `spd.train.selfgen` parts (prompts are rebuilt from the determini
 responses are stored) reads like a `TeacherCache`: `shards()` are the parts, and `sequences(part)`
 runs the frozen target over the part's sequences in batched bf16 prefills and returns the same
 per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p). One target pass
-(~3k tok/s with AMX here, far more on a GPU) replaces ~6 KB a token of disk.
+(~1-1.5k tok/s on 2 CPU cores without AMX, far more on a GPU) replaces ~6 KB a token of disk.
 
 Sequence = prompt + response[:-1]; position P-1+s predicts response[s] (loss 1 there), exactly the
 layout `record_teacher` writes.
