@@ -1,7 +1,7 @@
 #!/bin/bash
 # Greedy acceptance of the equal-budget drafts of benchmarks/train_equal_budget.sh on the evaluation
-# sets (exact replays: SPD S0 = n*alpha, EAGLE-3 oracle tau at k = 7), beside the shipped PDM and the
-# shipped 240k EAGLE-3, one process per set (they run side by side):
+# sets (exact replays: SPD S0 = n*alpha, EAGLE-3 oracle tau at k = 7), beside the shipped PDM, one
+# process per set (they run side by side):
 #   bash benchmarks/acceptance_equal.sh TOKENS [PROMPTS] [MAX_TOKENS]
 # -> benchmarks/results/equal-TOKENS/acceptance_<set>.{json,md}
 set -eu
@@ -13,10 +13,9 @@ OUT=results/equal-$TOKENS
 B=$(python -c "t = $TOKENS; print(f'{t / 1e6:.1f}M' if t >= 1e6 else f'{t // 1000}k')")
 mkdir -p $OUT
 for SET in mtbench gsm8k humaneval; do
-  OMP_NUM_THREADS=1 python acceptance.py --sets $SET --prompts "${2:-40}" --max-tokens "${3:-256}" \
+  OMP_NUM_THREADS=1 python acceptance.py --sets $SET --prompts "${2:-40}" --max-tokens "${3:-128}" \
     --draft "SPD L_s=1 ($B)=$RUN/spd-n5-ls1/pdm" --draft "SPD L_s=2 ($B)=$RUN/spd-n5-ls2/pdm" \
     --draft "SPD shipped (2.0M)=shipped" --eagle "EAGLE-3 ($B)=$RUN/eagle3/draft" \
-    --eagle "EAGLE-3 (240k, shipped baseline)=../services/spd/assets/baselines/SmolLM2-135M-Instruct/eagle3" \
     --out $OUT/acceptance_$SET.json > $OUT/acceptance_$SET.log 2>&1 &
 done
 wait
