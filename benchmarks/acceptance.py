@@ -62,8 +62,9 @@ def main() -> None:
         assert local.pdm is not None and pdm.config.anchors == local.pdm.config.anchors, \
             f"{label}: every draft must read the same anchors (the target runs once for all)"
         drafters[label] = DrafterState(pdm, local.stages[0].embed, local.split)
+    eagle_specs = _drafts(args.eagle)
     eagles = {}
-    for label, path in _drafts(args.eagle):
+    for label, path in eagle_specs:
         draft = EagleDraft.load(Path(path), embed_weight=local.stages[0].embed.weight)
         ensure_anchors(local.stages, list(draft.config.feature_layers))
         eagles[label] = (EagleDrafter(draft), list(draft.config.feature_layers))
@@ -93,7 +94,7 @@ def main() -> None:
                                  "tau": D / R}
     result = {"n": args.n, "schedule": args.schedule, "max_tokens": args.max_tokens,
               "drafts": {label: {"dir": path or "shipped", "sets": rows[label]} for label, path in drafts},
-              "eagle": {label: {"dir": path, "k": args.k, "sets": rows[label]} for label, path in _drafts(args.eagle)}}
+              "eagle": {label: {"dir": path, "k": args.k, "sets": rows[label]} for label, path in eagle_specs}}
     lines = [f"n = {args.n}, {args.schedule}-step, greedy, first {args.prompts} prompts per set, <= {args.max_tokens} tokens, "
              "exact replay (the target's text computed once, every draft replayed on it)",
              "", "| draft | set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|---|"]

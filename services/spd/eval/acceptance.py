@@ -154,9 +154,9 @@ def eagle_replay(drafter, layers: list[int], prompt: list[int], generated: list[
         m = 0
         while m < len(chain) and g + m < G and chain[m] == generated[g + m]:
             m += 1
-        committed = generated[g:g + m + 1]  # (shorter only where the run ends inside the chain)
+        committed = generated[g:g + m + 1]  # (m tokens only where the run ends inside the chain)
         out.cycles += 1
-        out.accepts += min(m, len(committed))
+        out.accepts += m
         drafter.rollback()
         pending, nxt = features(L - 1, L - 1 + len(committed)), committed
         tokens += committed

@@ -71,7 +71,7 @@ def _budget(tokens: int) -> str:
 def equal_budget_methods(runs: Path = RUNS) -> list[Method]:
     """The rows of every runs/equal-<TOKENS>/ here, smallest budget first."""
     out = []
-    budgets = sorted((int(d.name[len("equal-"):]), d) for d in runs.glob("equal-*") if d.name[len("equal-"):].isdigit())
+    budgets = sorted((int(t), d) for d in runs.glob("equal-*") if (t := d.name.removeprefix("equal-")).isdigit())
     for tokens, d in budgets:
         b = _budget(tokens)
         out += [Method(f"SPD n=5 L_s=1 ({b}, equal)", "spd", str(d / "spd-n5-ls1" / "pdm"), 5, "pre"),

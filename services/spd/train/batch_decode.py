@@ -198,8 +198,8 @@ class BatchDecoder:
         self.next[idx] = self._choose(logits, torch.tensor([t for _, _, t in batch], device=dev))
         if self.recorder:
             self.recorder.prefill(idx, lens.tolist(), states, logits)
-        for s, (job, p, t) in zip(slots, batch):
-            self.rows[s] = _Row(job=job, temp=t, prompt=list(p))
+        for s, p, (job, _, t) in zip(slots, prompts, batch):
+            self.rows[s] = _Row(job=job, temp=t, prompt=p)
 
     def _step(self) -> None:
         """One decode step for every slot: column c, window [min start, c]."""

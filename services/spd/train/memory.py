@@ -4,8 +4,9 @@ first-touches at ~0.6 GB/s, against ~30 GB/s for memory touched before.
 
 glibc's malloc serves blocks above its mmap threshold (128 KB, adapting up to 32 MB) by fresh
 mmaps and returns the top of its heap once 2x that threshold is free; `keep_freed_memory` fixes the
-threshold at its maximum and raises the trimming to 2 GB free (the documented `mallopt` knobs, the same as the
-MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ environment variables, which only act at exec).
+threshold at its maximum and raises the trimming to 2 GB free (the documented `mallopt` knobs, the
+same as the MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ environment variables, which only act
+at exec).
 The process's resident memory then stays at its peak; fine for the teacher and trainer processes.
 """
 
