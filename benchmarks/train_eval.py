@@ -4,7 +4,9 @@
 
 p(a) predicts acceptance: at a = n (saturated pipeline) and a = 1 (the first draft after a reseed,
 which is the one judged next when the previous draft was rejected). With a per-judgement acceptance
-p, α = 1 / (p + (1 - p) n) and S0 = n·α (design §4).
+p, α = 1 / (p + (1 - p) n) and S0 = n·α (design §4); with p(a) per fill level, the engine judges
+fill a in the share w_a of schedule.judged_fills and α = schedule.alpha_from_fills(p) (the last line's
+"alpha_judged": what held-out ShareGPT text would give, not the evaluation sets).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import torch
 
 from spd.core.pdm import PDM
-from spd.core.schedule import staircase_offset
+from spd.core.schedule import alpha_from_fills, judged_fills, staircase_offset
 from spd.core.split import uniform_split
 from spd.models.loading import load_config, resolve_model
 from spd.train.loop import held_sequences, resolve_cache
@@ -49,6 +51,10 @@ def main(argv=None) -> int:
         out[f"a{a}"] = {"p": round(p, 4), "kl": round(r["loss"], 4), "tokens": r["tokens"],
                         "alpha_if_all_judgements_at_this_p": round(1 / (p + (1 - p) * n), 4)}
         print(json.dumps({"fill": a, **out[f"a{a}"]}), flush=True)
+    ps = [out[f"a{a}"]["p"] for a in range(1, n + 1)]
+    out["judged_share"] = [round(w, 4) for w in judged_fills(ps)]
+    out["alpha_judged"] = round(alpha_from_fills(ps), 4)
+    out["s0_judged"] = round(n * out["alpha_judged"], 3)
     print(json.dumps(out))
     return 0
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from spd.core.pdm import PDM, random_pdm
-from spd.core.schedule import staircase_offset
+from spd.core.schedule import judged_fills, staircase_offset
 from spd.core.split import PipelineSplit, default_anchors, uniform_split
 from spd.train.aligned import aligned_batch_hidden, aligned_logits
 from spd.config import TrainConfig
@@ -34,15 +34,14 @@ def sample_fill(n: int, rng: random.Random, p_full: float = 0.5, fill: str = "de
     """Simulated fill level. "design": a = n with probability p_full, else uniform in 1..n-1 (design §7).
 
     "judged:P": the fill levels of the drafts the engine actually judges when each judgement accepts
-    with probability P: after a reject the a = 1 draft is judged next, after an accept the next fill
-    up, so P(a = k) ∝ P^(k-1) for k < n and ∝ P^(n-1)/(1-P) for a = n. At low P most judged drafts are
-    a = 1 drafts (P = 0.35: 65 %), which the design mix sees only 1/8 of the time.
+    with probability P (schedule.judged_fills): P(a = k) = (1-P) P^(k-1) for k < n, P^(n-1) for a = n.
+    At low P most judged drafts are a = 1 drafts (P = 0.35: 65 %), which the design mix sees only 1/8
+    of the time.
     """
     if n == 1:
         return n
     if fill.startswith("judged:"):
-        p = float(fill.split(":", 1)[1])
-        w = [p ** (k - 1) for k in range(1, n)] + [p ** (n - 1) / max(1 - p, 1e-6)]
+        w = judged_fills([float(fill.split(":", 1)[1])] * n)
         return rng.choices(range(1, n + 1), weights=w)[0]
     if rng.random() < p_full:
         return n
