@@ -1,6 +1,7 @@
 """THE test of PDM training (design §7): the masked training forward (spd.train.aligned) gives the same
 logits as the incremental inference staircase (spd.core.drafter.DrafterState) for every position,
-every fill level 1..n, both schedules and L_s in {1, 2, 3}.
+every fill level 1..n, both schedules and L_s in {1, 2, 3}, with and without the predecessor input
+(PDMConfig.prev).
 
 Part A builds each staircase with DrafterState.enter/observe exactly as the engine feeds it (prefix
 prefilled through all stages; then per cycle every in-flight token advances one stage and a new one
@@ -28,14 +29,14 @@ from spd.train.trainer import batch_loss, loss_rows, target_to_draft
 ATOL = 2e-4
 
 
-def _setup(model_dir, n, ls, seed=0):
+def _setup(model_dir, n, ls, seed=0, prev=False):
     config = load_config(model_dir)
     split = uniform_split(config.num_hidden_layers, n)
     anchors = default_anchors(split)
     stages = load_pipeline(model_dir, config, split, anchors)
     g = torch.Generator().manual_seed(seed)
     draft_ids = torch.randperm(config.vocab_size, generator=g)[: config.vocab_size // 2]
-    pdm = random_pdm(config, list(anchors), ls, draft_ids=draft_ids, seed=seed)
+    pdm = random_pdm(config, list(anchors), ls, draft_ids=draft_ids, seed=seed, prev=prev)
     with torch.no_grad():  # larger weights than the default init: logits of order 1-10, differences show
         for p in pdm.parameters():
             if p.dim() == 2:
@@ -75,11 +76,11 @@ def _advance(drafter, per_stage, pos, n):
         drafter.observe(pos, 1, j, {b: h[pos:pos + 1] for b, h in per_stage[j].items()})
 
 
-@pytest.mark.parametrize("ls", [1, 2, 3])
+@pytest.mark.parametrize("ls,prev", [(1, False), (2, False), (3, False), (1, True), (2, True)])
 @pytest.mark.parametrize("n", [3, 4])
-def test_training_forward_equals_inference_staircase(tiny_dir, ls, n):
+def test_training_forward_equals_inference_staircase(tiny_dir, ls, prev, n):
     model_dir = tiny_dir("llama", num_layers=6, hidden_size=64)
-    config, split, stages, pdm = _setup(model_dir, n, ls, seed=ls * 10 + n)
+    config, split, stages, pdm = _setup(model_dir, n, ls, seed=ls * 10 + n, prev=prev)
     T = 14
     x = torch.randint(0, config.vocab_size, (T,), generator=torch.Generator().manual_seed(ls + n))
     per_stage = _stage_outputs(stages, x)
@@ -110,19 +111,19 @@ def test_training_forward_equals_inference_staircase(tiny_dir, ls, n):
                 drafter.draft(SamplingParams())
                 infer = cap.out[-1][-1]
                 torch.testing.assert_close(infer, train[t], atol=ATOL, rtol=1e-4,
-                                           msg=f"{schedule} n={n} ls={ls} a={a} t={t}")
+                                           msg=f"{schedule} n={n} ls={ls} prev={prev} a={a} t={t}")
                 checked += 1
     assert checked == 2 * sum(T - a for a in range(1, n + 1))
 
 
 @pytest.mark.parametrize("schedule", ["pre", "post"])
-@pytest.mark.parametrize("ls", [1, 2, 3])
-def test_engine_drafts_match_training_forward(tiny_dir, schedule, ls):
+@pytest.mark.parametrize("ls,prev", [(1, False), (2, False), (3, False), (2, True)])
+def test_engine_drafts_match_training_forward(tiny_dir, schedule, ls, prev):
     """The real engine (cached prefix, rejections, refills): each draft's logits equal the training
     forward over the anchor states it saw, at its fill level."""
     n, s0 = 3, 0 if schedule == "pre" else 1
     model_dir = tiny_dir("llama", num_layers=6, hidden_size=64)
-    config, split, stages, pdm = _setup(model_dir, n, ls, seed=ls)
+    config, split, stages, pdm = _setup(model_dir, n, ls, seed=ls, prev=prev)
     drafter = DrafterState(pdm, stages[0].embed, split)
     seen = []
 
@@ -169,8 +170,8 @@ def test_layout_mask_small():
     assert keys == {(3, 2), (3, 1), (3, 0)}
 
 
-@pytest.mark.parametrize("ls", [1, 2, 3])
-def test_packed_training_forward_equals_the_masked_forward(tiny_dir, ls):
+@pytest.mark.parametrize("ls,prev", [(1, False), (2, False), (3, False), (1, True), (2, True)])
+def test_packed_training_forward_equals_the_masked_forward(tiny_dir, ls, prev):
     """The training path (the rows the loss rows need, several sequences packed, each at its own fill
     level; attention written out as band diagonals + the depth-n copy) == the dense [R, R] mask at the
     loss rows, including loss rows that start late (a prompt) and have gaps."""
@@ -179,7 +180,7 @@ def test_packed_training_forward_equals_the_masked_forward(tiny_dir, ls):
     for n, s0 in [(3, 0), (3, 1), (1, 0), (1, 1), (6, 1), (6, 0)]:
         split = uniform_split(config.num_hidden_layers, n)
         anchors = default_anchors(split)
-        pdm = random_pdm(config, anchors, ls, seed=n + s0)
+        pdm = random_pdm(config, anchors, ls, seed=n + s0, prev=prev)
         items, dense = [], []
         for T, a in [(17, n), (9, 1), (23, max(1, n - 1)), (1, n)]:
             x = torch.randn(T, len(anchors), config.hidden_size, generator=g)
@@ -215,8 +216,8 @@ def _sequences(config, m: int, g: torch.Generator) -> list[dict]:
     return seqs
 
 
-@pytest.mark.parametrize("ls", [1, 2])
-def test_batch_loss_equals_the_dense_reference_with_its_gradients(tiny_dir, ls):
+@pytest.mark.parametrize("ls,prev", [(1, False), (2, False), (1, True)])
+def test_batch_loss_equals_the_dense_reference_with_its_gradients(tiny_dir, ls, prev):
     """batch_loss (packed forward, chunked head + KL) == the dense reference one sequence at a time:
     loss, rows, hits and every gradient in fp32; under bf16 autocast both stay within bf16 rounding of
     the fp32 reference."""
@@ -227,7 +228,7 @@ def test_batch_loss_equals_the_dense_reference_with_its_gradients(tiny_dir, ls):
     anchors = default_anchors(split)
     d2t = torch.randperm(config.vocab_size, generator=g)[: config.vocab_size // 2].sort().values
     t2d = target_to_draft(d2t, config.vocab_size)
-    pdm = random_pdm(config, anchors, ls, draft_ids=d2t, seed=ls)
+    pdm = random_pdm(config, anchors, ls, draft_ids=d2t, seed=ls, prev=prev)
     seqs, fills = _sequences(config, len(anchors), g), [3, 1, 2, 3]
     cols = list(range(len(anchors)))
 

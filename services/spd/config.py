@@ -73,6 +73,7 @@ class TrainConfig(LoopConfig):
     schedule: str = "pre"  # staircase the PDM is trained for: pre (s0 = 0) | post (s0 = 1)
     p_full: float = 0.5  # P(a = n) of the simulated fill level; else uniform 1..n-1
     fill: str = "design"  # simulated fill levels: design (as p_full) | judged:P (as the engine judges at acceptance P)
+    prev: bool = False  # each position's input also fuses its predecessor's anchors, at the predecessor's staircase depth (PDMConfig.prev)
 
 
 @dataclass

@@ -156,9 +156,19 @@ class DrafterState:
             return
         if any(k < n for k in depths[C:end]):
             raise RuntimeError(f"drafter: a position before the last {self.block} is still in flight")
-        g = self.pdm.fuse(self.states[C:end], torch.full((end - C,), self._eligible[n]))  # [end - C, w]
+        prev = self._prev(range(C, end), [n] * end) if self.pdm.config.prev else None
+        g = self.pdm.fuse(self.states[C:end], torch.full((end - C,), self._eligible[n]), prev)  # [end - C, w]
         self.pdm.hidden(g, torch.arange(C, end, device=g.device), causal_mask(end - C, C, g.device), cache=self.cache)
         self.cache.commit()
+
+    def _prev(self, positions: range, depths: list[int], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """pdm.fuse's `prev` for `positions` (a PDM with config.prev): each one's predecessor's
+        anchors [Q, m, d] and eligible count at the predecessor's depth [Q] (0: none), then `pad`
+        empty rows."""
+        before = [i - 1 for i in positions]
+        states = self.states[[max(j, 0) for j in before]]  # [Q, m, d]
+        counts = torch.tensor([self._eligible[depths[j]] if j >= 0 else 0 for j in before] + [0] * pad)
+        return torch.cat([states, states.new_zeros(pad, *states.shape[1:])]), counts
 
     def _pick(self, logits: torch.Tensor, position: int, params: SamplingParams, fill: int) -> Draft:
         """logits: [V_s] over the draft vocabulary -> a target-vocabulary token (and q when sampling)."""
@@ -185,6 +195,7 @@ def _draft_block(jobs: list[tuple[DrafterState, SamplingParams, list[int] | None
     eligible = torch.ones(P, Q, dtype=torch.long)  # [P, Q]; padding rows: the embedding-only fusion
     positions = torch.zeros(P, Q, dtype=torch.long, device=anchors.device)  # [P, Q]
     spans, masks, newest = [], [], [0] * P  # spans[b] = (C, real positions q, leading depth-n positions)
+    prevs = []  # per request, pdm.fuse's `prev` for its block (a PDM with config.prev)
     for b, (state, _, depths) in enumerate(jobs):
         depths = list(depths if depths is not None else state.depth)
         state._catch_up(depths)
@@ -192,13 +203,19 @@ def _draft_block(jobs: list[tuple[DrafterState, SamplingParams, list[int] | None
         q = T - C  # 1..Q: the block's real positions C..T-1
         anchors[b, :q] = state.states[C:T]
         eligible[b, :q] = torch.tensor([state._eligible[k] for k in depths[C:T]])
+        if pdm.config.prev:
+            prevs.append(state._prev(range(C, T), depths, pad=Q - q))
         positions[b] = torch.arange(C, C + Q)
         mask = causal_mask(Q, C, anchors.device)  # [1, 1, Q, C + Q]: padding sits after the real rows
         assert mask is not None  # Q = n + 2 >= 3 positions
         masks.append(mask)
         spans.append((C, q, next((i for i, k in enumerate(depths[C:T]) if k < n), q)))
         newest[b] = q - 1
-    g = pdm.fuse_fixed(anchors.view(P * Q, m, -1), eligible.view(-1)).view(P, Q, -1)  # [P, Q, w]
+    prev = None
+    if pdm.config.prev:  # padding requests: no predecessors
+        prevs += [(anchors.new_zeros(Q, m, pdm.config.target_hidden), torch.zeros(Q, dtype=torch.long))] * (P - len(jobs))
+        prev = torch.cat([x for x, _ in prevs]), torch.cat([c for _, c in prevs])  # [P * Q, m, d], [P * Q]
+    g = pdm.fuse(anchors.view(P * Q, m, -1), eligible.view(-1), prev, fixed=True).view(P, Q, -1)  # [P, Q, w]
     h = pdm.hidden(g, positions, None, cache=RowsCache([s.cache for s, _, _ in jobs], masks))  # [P, Q, w]
     logits = pdm.logits(h[torch.arange(P), torch.tensor(newest)])  # [P, V_s]: each request's newest row
     drafts = []

@@ -2,7 +2,11 @@
 
 Input per position i: the target's own anchor states H[b][i] for the anchors eligible at that
 position's depth (always a prefix of the sorted anchors B, design §2). One fusion per prefix length
-(RMSNorm each anchor, concatenate, linear to the PDM width) turns them into g[depth][i]. L_s
+(RMSNorm each anchor, concatenate, linear to the PDM width) turns them into g[depth][i]. With
+`prev`, a second set of fusions reads the predecessor's anchors H[b][i-1] (eligible at its own depth
+in the same staircase) and is added: the newest in-flight position, which has only its embedding,
+then starts from its predecessor's deeper states too, as EAGLE's input pairs a token with the
+previous token's feature. L_s
 Qwen3 decoder layers (GQA, q/k norm, RoPE, SwiGLU) run over the g's with an explicit attention
 mask; a final norm and a reduced-vocabulary head (draft id -> target id via `d2t`) give the
 logits. Training (masked, all staircases at once) and inference (incremental) call the same
@@ -40,6 +44,7 @@ class PDMConfig:
     target_vocab: int = 0  # V of the target, for mapping drafts back
     schedule: str = "pre"  # staircase schedule it was trained for: pre (s0 = 0) or post (s0 = 1)
     trained_n: int = 0  # pipeline width it was trained for (0 = untrained)
+    prev: bool = False  # each position's input also fuses its predecessor's anchors (at the predecessor's depth in the same staircase), as EAGLE pairs a token with the previous token's features
     notes: dict = field(default_factory=dict)  # provenance: data, tokens seen, agreement
 
     def __post_init__(self):
@@ -78,6 +83,8 @@ class PDM(nn.Module):
         qc = config.qwen3()
         m, d, w = len(config.anchors), config.target_hidden, config.hidden_size
         self.fusions = nn.ModuleList(AnchorFusion(k, d, w, config.rms_norm_eps) for k in range(1, m + 1))
+        self.prev_fusions = (nn.ModuleList(AnchorFusion(k, d, w, config.rms_norm_eps) for k in range(1, m + 1))
+                             if config.prev else None)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(qc, i) for i in range(config.num_layers))
         self.rotary = Qwen3RotaryEmbedding(qc)
         self.norm = Qwen3RMSNorm(w, eps=config.rms_norm_eps)
@@ -88,25 +95,20 @@ class PDM(nn.Module):
             if isinstance(mod, nn.Linear):
                 nn.init.normal_(mod.weight, std=0.02)
 
-    def fuse(self, anchors: torch.Tensor, num_eligible: torch.Tensor) -> torch.Tensor:
-        """anchors: [Q, m, d] (ineligible slots ignored); num_eligible: [Q] -> g: [Q, w]."""
-        out = None  # allocated with the fusions' output dtype (bf16 under autocast)
-        for k in num_eligible.unique().tolist():
-            rows = num_eligible == k
-            g = self.fusions[k - 1](anchors[rows, :k])
-            if out is None:
-                out = g.new_empty(anchors.shape[0], self.config.hidden_size)
-            out[rows] = g
-        return out if out is not None else anchors.new_empty(0, self.config.hidden_size)
+    def fuse(self, anchors: torch.Tensor, num_eligible: torch.Tensor,
+             prev: tuple[torch.Tensor, torch.Tensor] | None = None, fixed: bool = False) -> torch.Tensor:
+        """anchors: [Q, m, d] (ineligible slots ignored); num_eligible: [Q] -> g: [Q, w].
 
-    def fuse_fixed(self, anchors: torch.Tensor, num_eligible: torch.Tensor) -> torch.Tensor:
-        """`fuse` at a fixed shape: each fusion that some row needs runs over all Q rows, so a row's
-        result does not depend on how many other rows share its eligible count (batch invariance)."""
-        out = anchors.new_zeros(anchors.shape[0], self.config.hidden_size)  # [Q, w]
-        for k in num_eligible.unique().tolist():
-            rows = num_eligible == k
-            out[rows] = self.fusions[k - 1](anchors[:, :k])[rows]
-        return out
+        prev (required with config.prev): the predecessors' anchors [Q, m, d] and eligible counts [Q]
+        (0: no predecessor), fused by their own fusions and added. `fixed`: each fusion that some row
+        needs runs over all Q rows, so a row's result does not depend on how many other rows share
+        its eligible count (batch invariance)."""
+        g = _fuse(self.fusions, anchors, num_eligible, self.config.hidden_size, fixed)
+        if self.prev_fusions is not None:
+            if prev is None:
+                raise ValueError("this PDM also reads each position's predecessor: pass prev")
+            g = g + _fuse(self.prev_fusions, *prev, self.config.hidden_size, fixed).to(g.dtype)
+        return g
 
     def forward(self, g: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache=None) -> torch.Tensor:
         """Draft-vocabulary logits for fused features.
@@ -155,8 +157,23 @@ class PDM(nn.Module):
         return pdm.to(device).eval()
 
 
+def _fuse(fusions: nn.ModuleList, anchors: torch.Tensor, counts: torch.Tensor, width: int, fixed: bool) -> torch.Tensor:
+    """Row q through fusions[counts[q] - 1] (counts 0: zeros): anchors [Q, m, d] -> [Q, width], in the
+    fusions' output dtype (bf16 under autocast)."""
+    out = None
+    for k in counts.unique().tolist():
+        if k == 0:
+            continue
+        rows = counts == k
+        g = fusions[k - 1](anchors[:, :k])[rows] if fixed else fusions[k - 1](anchors[rows, :k])
+        if out is None:
+            out = g.new_zeros(anchors.shape[0], width)
+        out[rows] = g
+    return out if out is not None else anchors.new_zeros(anchors.shape[0], width)
+
+
 def random_pdm(target_config, anchors: list[int], num_layers: int, draft_ids: torch.Tensor | None = None,
-               lm_head_weight: torch.Tensor | None = None, seed: int = 0) -> PDM:
+               lm_head_weight: torch.Tensor | None = None, seed: int = 0, prev: bool = False) -> PDM:
     """An untrained PDM shaped after the target (its widths, heads, RoPE base)."""
     torch.manual_seed(seed)
     V = target_config.vocab_size
@@ -167,7 +184,7 @@ def random_pdm(target_config, anchors: list[int], num_layers: int, draft_ids: to
         intermediate_size=target_config.intermediate_size, num_heads=target_config.num_attention_heads,
         num_kv_heads=target_config.num_key_value_heads,
         head_dim=getattr(target_config, "head_dim", None) or target_config.hidden_size // target_config.num_attention_heads,
-        rope_theta=rope, rms_norm_eps=target_config.rms_norm_eps, draft_vocab=len(d2t), target_vocab=V,
+        rope_theta=rope, rms_norm_eps=target_config.rms_norm_eps, draft_vocab=len(d2t), target_vocab=V, prev=prev,
     )
     pdm = PDM(cfg, d2t)
     if lm_head_weight is not None:

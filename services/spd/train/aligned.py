@@ -61,6 +61,21 @@ def may_attend(qdep, qpos, kdep, kpos, n: int, a, s0: int) -> torch.Tensor:
     return (delta >= 0) & (kdep == want)
 
 
+def prev_depth(k: torch.Tensor, bl: torch.Tensor, n: int) -> torch.Tensor:
+    """depth_at(k, 1): the depth at which a row at depth k with band bl sees its predecessor (the
+    PDM's `prev` input reads the predecessor's anchors at that depth)."""
+    return torch.where(bl > 1, (k + 1).clamp(max=n), n)
+
+
+def prev_input(anchors: torch.Tensor, dep: torch.Tensor, pos: torch.Tensor, bl: torch.Tensor,
+               ne_of_depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `prev` argument of pdm.fuse (a PDM with config.prev) for rows at depth dep [R], position
+    pos [R], band bl [R] of one sequence's anchors [T, m, d]: the predecessors' anchors [R, m, d] and
+    eligible counts [R] (0 at position 0)."""
+    ne = torch.where(pos > 0, ne_of_depth[prev_depth(dep, bl, int(ne_of_depth.numel()) - 1)], 0)
+    return anchors[(pos - 1).clamp(min=0)], ne
+
+
 def layout(T: int, n: int, a: int, s0: int, device=None):
     """Rows of the replicated sequence: depth [R], position [R], and the structural mask [R, R]
     (True = may attend). Rows are grouped by copy: row c*T + i is position i of copy depths[c]."""
@@ -82,8 +97,9 @@ def aligned_hidden(pdm: PDM, anchors: torch.Tensor, split: PipelineSplit, a: int
     T = anchors.shape[0]
     n = split.n
     dep, pos, mask = layout(T, n, a, s0, anchors.device)
-    ne = eligible_counts(pdm, split).to(anchors.device)[dep]
-    g = pdm.fuse(anchors[pos], ne)  # [R, w]
+    counts = eligible_counts(pdm, split).to(anchors.device)  # [n + 1]
+    prev = prev_input(anchors, dep, pos, band(dep, n, a, s0), counts) if pdm.config.prev else None
+    g = pdm.fuse(anchors[pos], counts[dep], prev)  # [R, w]
     h = pdm.hidden(g, pos, mask[None, None])
     c = copy_depths(n, a, s0).index(min(s0, n))
     return h, c
@@ -224,8 +240,13 @@ def aligned_batch_hidden(pdm: PDM, items: list[tuple[torch.Tensor, int, torch.Te
     p = pack([(a, rows) for _, a, rows in items], split.n, s0)
     pos = torch.split(p.pos, p.counts.tolist())
     anchors = torch.cat([x[i].float() for (x, _, _), i in zip(items, pos)])  # [N, m, d]
-    ne = eligible_counts(pdm, split).to(p.dep.device)[p.dep]  # [N]
-    h = pdm.fuse(anchors, ne)  # [N, w]
+    counts = eligible_counts(pdm, split).to(p.dep.device)  # [n + 1]
+    prev = None
+    if pdm.config.prev:  # each sequence's predecessor rows, from its own anchors
+        parts = [prev_input(x, d, i, i - lim, counts) for (x, _, _), d, i, lim in
+                 zip(items, torch.split(p.dep, p.counts.tolist()), pos, torch.split(p.lim, p.counts.tolist()))]
+        prev = torch.cat([x.float() for x, _ in parts]), torch.cat([c for _, c in parts])  # [N, m, d], [N]
+    h = pdm.fuse(anchors, counts[p.dep], prev)  # [N, w]
     cos, sin = (x[0] for x in pdm.rotary(h[None], p.pos[None]))  # [N, D] each
     layers = list(cast(Iterable[Qwen3DecoderLayer], pdm.layers))  # PDM builds Qwen3 decoder layers
     for i, layer in enumerate(layers):

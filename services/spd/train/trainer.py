@@ -197,7 +197,7 @@ def make_pdm(cfg: TrainConfig, model_dir: Path, config, split: PipelineSplit, dr
         last = load_stage(model_dir, config, range(config.num_hidden_layers - 1, config.num_hidden_layers), ())
         lm_head = last.lm_head.weight.detach()
     pdm = random_pdm(config, anchors_of(cfg, split), cfg.ls, draft_ids=draft_ids, lm_head_weight=lm_head,
-                     seed=cfg.seed)
+                     seed=cfg.seed, prev=cfg.prev)
     # (copying the target's final-norm weights too made the initial logits huge: KL ~16 at step 0)
     pdm.config.schedule, pdm.config.trained_n = cfg.schedule, cfg.n
     return pdm
