@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         r = evaluate(pdm, seqs, split, s0, t2d, cols, fill=a)
         p = r["p"]
         out[f"a{a}"] = {"p": round(p, 4), "kl": round(r["loss"], 4), "tokens": r["tokens"],
-                        "alpha_if_all_judgements_at_this_p": round(1 / (p + (1 - p) * n), 4)}
+                        "alpha_if_all_judgements_at_this_p": round(alpha_from_fills([p] * n), 4)}
         print(json.dumps({"fill": a, **out[f"a{a}"]}), flush=True)
     ps = [out[f"a{a}"]["p"] for a in range(1, n + 1)]
     out["judged_share"] = [round(w, 4) for w in judged_fills(ps)]

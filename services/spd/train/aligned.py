@@ -53,18 +53,17 @@ def band(k: torch.Tensor, n: int, a, s0: int) -> torch.Tensor:
     return torch.where(k < n, (s0 + a - k).clamp(min=0), 0)
 
 
+def depth_at(k, delta, bl, n: int) -> torch.Tensor:
+    """The depth at which a row at depth k with band bl sees its predecessor δ steps back: k + δ
+    (at most n) inside the band, n beyond it. Arguments broadcast."""
+    return torch.where(delta < bl, (k + delta).clamp(max=n), n)
+
+
 def may_attend(qdep, qpos, kdep, kpos, n: int, a, s0: int) -> torch.Tensor:
     """The staircase mask (True = may attend) between query rows (qdep, qpos) and key rows (kdep,
     kpos); all arguments broadcast (e.g. queries [.., Q, 1], keys [.., 1, K], a int or [.., 1, 1])."""
     delta = qpos - kpos  # i - j
-    want = torch.where(delta < band(qdep, n, a, s0), (qdep + delta).clamp(max=n), n)  # depth_at(k, δ)
-    return (delta >= 0) & (kdep == want)
-
-
-def prev_depth(k: torch.Tensor, bl: torch.Tensor, n: int) -> torch.Tensor:
-    """depth_at(k, 1): the depth at which a row at depth k with band bl sees its predecessor (the
-    PDM's `prev` input reads the predecessor's anchors at that depth)."""
-    return torch.where(bl > 1, (k + 1).clamp(max=n), n)
+    return (delta >= 0) & (kdep == depth_at(qdep, delta, band(qdep, n, a, s0), n))
 
 
 def prev_input(anchors: torch.Tensor, dep: torch.Tensor, pos: torch.Tensor, bl: torch.Tensor,
@@ -72,7 +71,7 @@ def prev_input(anchors: torch.Tensor, dep: torch.Tensor, pos: torch.Tensor, bl: 
     """The `prev` argument of pdm.fuse (a PDM with config.prev) for rows at depth dep [R], position
     pos [R], band bl [R] of one sequence's anchors [T, m, d]: the predecessors' anchors [R, m, d] and
     eligible counts [R] (0 at position 0)."""
-    ne = torch.where(pos > 0, ne_of_depth[prev_depth(dep, bl, int(ne_of_depth.numel()) - 1)], 0)
+    ne = torch.where(pos > 0, ne_of_depth[depth_at(dep, 1, bl, int(ne_of_depth.numel()) - 1)], 0)
     return anchors[(pos - 1).clamp(min=0)], ne
 
 
