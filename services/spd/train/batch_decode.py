@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from spd.train.recorder import FeatureRecorder
 
@@ -115,7 +116,7 @@ class BatchDecoder:
     # -- model calls -------------------------------------------------------------------------------
     def _layers(self, ids, lens, cap: _KVCapture):
         """ids: [b, P] right-padded, lens [b] -> the logits of each row's last prompt position [b, V]
-        (fp32) and the recorded H[b], each [b, P, d]; the k, v of every layer land in `cap`."""
+        and the recorded H[b], each [b, P, d]; the k, v of every layer land in `cap`."""
         h = self.inner.embed_tokens(ids)  # [b, P, d]
         pos = torch.arange(ids.shape[1], device=self.device)[None].expand(ids.shape[0], -1)  # [b, P]
         rope = self.inner.rotary_emb(h, pos)
@@ -127,7 +128,7 @@ class BatchDecoder:
         if len(self.inner.layers) in self.keep:
             states.append(h)
         last = h[torch.arange(len(lens), device=self.device), lens - 1]  # [b, d]
-        return self.model.lm_head(self.inner.norm(last)).float(), states
+        return self.model.lm_head(self.inner.norm(last)), states
 
     def _layer_step(self, layer, h, cos, sin, kb, vb, bias):
         """One decoder layer for one new token per row, attending over the whole (masked) buffer.
@@ -147,19 +148,20 @@ class BatchDecoder:
         q, k = rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, H, 1, D], [B, H_kv, 1, D]
         kb[:, :, self.c] = k[:, :, 0]
         vb[:, :, self.c] = attn.v_proj(x).view(B, hk, hd)
-        qg = q.reshape(B, hk, -1, hd).contiguous()  # [B, H_kv, g, D]: query head i uses kv head i // g
-        s = (qg @ kb.transpose(-1, -2)).float() * attn.scaling + bias  # [B, H_kv, g, C]
-        o = torch.softmax(s, -1).to(vb.dtype) @ vb  # [B, H_kv, g, D]
-        h = h + attn.o_proj(o.reshape(B, 1, -1))
+        # one fused kernel over the buffer (query head i reads kv head i // g in place)
+        o = F.scaled_dot_product_attention(q, kb, vb, attn_mask=bias, scale=attn.scaling, enable_gqa=True)  # [B, H, 1, D]
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(B, 1, -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _choose(self, logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
-        """logits [b, V] fp32 -> ids [b]: argmax where temp == 0, else a sample at that temperature."""
-        greedy = logits.argmax(-1)
-        if not (temps > 0).any():
-            return greedy
-        probs = torch.softmax(logits / temps.clamp_min(1e-3)[:, None], -1)
-        return torch.where(temps > 0, torch.multinomial(probs, 1, generator=self.gen)[:, 0], greedy)
+        """logits [b, V] (the model's dtype: its fp32 upcast is exact, so the argmax is the same) -> ids
+        [b]: argmax where temp == 0, else a sample at that temperature (fp32 softmax, sampled rows only)."""
+        ids = logits.argmax(-1)
+        hot = (temps > 0).nonzero()[:, 0]  # [h]
+        if len(hot):
+            probs = torch.softmax(logits[hot].float() / temps[hot, None], -1)  # [h, V]
+            ids[hot] = torch.multinomial(probs, 1, generator=self.gen)[:, 0]
+        return ids
 
     @staticmethod
     def _prefill_groups(free: list[int], queue: list, tokens: int):
@@ -207,7 +209,7 @@ class BatchDecoder:
             self._relayout()
         cols = torch.arange(self.C, device=self.device)
         mask = (cols[None, :] >= self.start[:, None]) & (cols[None, :] <= self.c)  # [B, C]
-        bias = torch.zeros(mask.shape, device=self.device).masked_fill_(~mask, float("-inf"))[:, None, None]
+        bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))[:, None, None]
         pos = (self.c - self.start)[:, None]  # [B, 1]
         h = self.inner.embed_tokens(self.next[:, None])  # [B, 1, d]
         cos, sin = self.inner.rotary_emb(h, pos)
@@ -218,7 +220,7 @@ class BatchDecoder:
             h = self._layer_step(layer, h, cos, sin, kb, vb, bias)
         if len(self.inner.layers) in self.keep:
             states.append(h[:, 0])
-        logits = self.model.lm_head(self.inner.norm(h[:, -1])).float()  # [B, V]
+        logits = self.model.lm_head(self.inner.norm(h[:, -1]))  # [B, V]
         self.c += 1
         if self.recorder:
             fed = [(s, len(r.out) - 1) for s, r in enumerate(self.rows) if r is not None]  # (slot, response index fed)
