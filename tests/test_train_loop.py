@@ -19,12 +19,17 @@ class _Cache:
     """One shard whose sequences are just their ids and row counts."""
 
     layers: list[int] = []
+    chunk = 0  # the stream reads a whole shard at a time
 
     def shards(self) -> list[str]:
         return ["s0"]
 
-    def sequences(self, shard: str) -> list[dict]:
-        return [{"id": i, "rows": r} for i, r in enumerate(ROWS)]
+    def count(self, shard: str) -> int:
+        return len(ROWS)
+
+    def sequences(self, shard: str, pick: list[int] | None = None) -> list[dict]:
+        seqs = [{"id": i, "rows": r} for i, r in enumerate(ROWS)]
+        return seqs if pick is None else [seqs[i] for i in pick]
 
     def progress(self) -> dict:
         return {"loss_tokens": sum(ROWS)}
@@ -86,14 +91,17 @@ class _CountingCache(_Cache):
 
     def __init__(self):
         self.reads: list[str] = []
+        self.picked: list[int] = []  # the indices read, in order
 
     def shards(self) -> list[str]:
         return ["s0", "s1"]
 
-    def sequences(self, shard: str) -> list[dict]:
+    def sequences(self, shard: str, pick: list[int] | None = None) -> list[dict]:
         self.reads.append(shard)
+        self.picked.extend(pick or [])
         rows = ROWS if shard == "s0" else ROWS[::-1]
-        return [{"id": (shard, i), "rows": r} for i, r in enumerate(rows)]
+        seqs = [{"id": (shard, i), "rows": r} for i, r in enumerate(rows)]
+        return seqs if pick is None else [seqs[i] for i in pick]
 
     def progress(self) -> dict:
         return {"loss_tokens": 2 * sum(ROWS)}
@@ -115,3 +123,22 @@ def test_students_of_one_run_read_each_shard_once_and_step_as_they_would_alone(t
     for b, student in zip([8, 5], together):
         [alone] = _toy_run(tmp_path / "alone", _CountingCache(), [b])
         assert student.calls == alone.calls and len(alone.calls) > 4
+
+
+def test_a_run_ending_inside_a_shard_reads_no_chunk_past_the_one_it_stops_in(tmp_path):
+    """With chunks (a teacher pass over a few sequences at a time), a budget that ends inside a
+    shard costs no features beyond its chunk, and the steps are those of whole-shard reads."""
+    cache = _CountingCache()
+    cache.chunk = 2
+    cfg = LoopConfig(batch_tokens=4, warmup=1, heldout="", out=str(tmp_path / "a"), progress=False, amp="float32",
+                     eval_every_s=1e9, ckpt_every_s=1e9, tokens=12)
+    student = _Student()
+    run = train_student(cfg, student, Setup(tmp_path, None, cache, [], None, torch.arange(4), {}))
+    order = shard_order(len(ROWS), cfg.seed, 0, 0)
+    used = run.seq  # sequences of shard s0 fed before the budget was met
+    assert run.seen >= 12 and used < len(ROWS) - 2
+    assert cache.picked == order[:used + (-used) % 2]  # whole chunks, none past the last one used
+    whole = _Student()
+    train_student(LoopConfig(**{**cfg.__dict__, "out": str(tmp_path / "b")}), whole,
+                  Setup(tmp_path, None, _CountingCache(), [], None, torch.arange(4), {}))
+    assert student.calls == whole.calls

@@ -110,9 +110,9 @@ def test_the_online_teacher_runs_once_per_part_for_all_students_with_all_their_l
     teachers: list[list[int]] = []  # the layers of each target loaded
     real_sequences, real_init = online.OnlineCache.sequences, online.OnlineTeacher.__init__
 
-    def sequences(self, part):
+    def sequences(self, part, pick=None):
         reads[f"{part.parent.name}/{part.name}"] += 1
-        return real_sequences(self, part)
+        return real_sequences(self, part, pick)
 
     def init(self, model_dir, layers, *args, **kwargs):
         teachers.append(list(layers))

@@ -404,12 +404,14 @@ def _stream(cache, ranks: Ranks, cfg: LoopConfig, start: tuple[int, int, int], w
                 continue
             yield (epoch, shard, seq), None
             return
-        seqs = cache.sequences(shards[shard])  # (for self-generated ids: the one teacher pass over the part)
-        order = shard_order(len(seqs), cfg.seed, shard * ranks.world + ranks.rank, epoch)
+        order = shard_order(cache.count(shards[shard]), cfg.seed, shard * ranks.world + ranks.rank, epoch)
         while seq < len(order):
-            seq += 1
-            yield (epoch, shard, seq), seqs[order[seq - 1]]
-        del seqs  # before the next part's features are computed: one part in memory, not two
+            # a chunk at a time (for self-generated ids, the teacher pass over it): a run that stops
+            # inside the part computes no features past the chunk it stops in
+            pick = order[seq:seq + (cache.chunk or len(order))]
+            for s in cache.sequences(shards[shard], pick):
+                seq += 1
+                yield (epoch, shard, seq), s
         shard, seq = shard + 1, 0
 
 

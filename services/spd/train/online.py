@@ -1,9 +1,11 @@
 """Teacher features computed online from self-generated token ids (no multi-GB anchor cache on disk).
 
 A directory of `spd.train.selfgen` parts (prompts are rebuilt from the deterministic job list, the
-responses are stored) reads like a `TeacherCache`: `shards()` are the parts, and `sequences(part)`
-runs the frozen target over the part's sequences in batched bf16 prefills and returns the same
-per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p). One target pass
+responses are stored) reads like a `TeacherCache`: `shards()` are the parts, and `sequences(part,
+pick)` runs the frozen target over the picked sequences of a part in batched bf16 prefills and
+returns the same per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p).
+The training stream asks for `chunk` sequences at a time, so a run that ends inside a part does not
+pay for the rest of it. One target pass
 (~1-1.5k tok/s on 2 CPU cores without AMX, far more on a GPU) replaces ~6 KB a token of disk.
 
 Sequence = prompt + response[:-1]; position P-1+s predicts response[s] (loss 1 there), exactly the
@@ -91,6 +93,9 @@ class OnlineCache:
         if fingerprint(self.jobs) != self.meta["fingerprint"]:
             raise ValueError(f"{self.root}: the job list rebuilt here differs from the one it was generated from")
         self.model_dir, self.device = model_dir, device
+        # sequences per teacher pass in the training stream: a run that ends inside a part prefills at
+        # most this many it does not use (a whole part is ~2k), and one chunk's features are in memory
+        self.chunk = 384
         self._teacher: OnlineTeacher | None = None
 
     @property
@@ -114,5 +119,10 @@ class OnlineCache:
             out.append((prompt + resp[:-1].tolist(), len(prompt) - 1))
         return out
 
-    def sequences(self, part: Path) -> list[dict]:
-        return self.teacher.features(self.id_sequences(part))
+    def count(self, part: Path) -> int:
+        return len(np.load(part)["offsets"]) - 1
+
+    def sequences(self, part: Path, pick: list[int] | None = None) -> list[dict]:
+        """The teacher's features of the part's sequences (those at the indices `pick`, in that order)."""
+        seqs = self.id_sequences(part)
+        return self.teacher.features(seqs if pick is None else [seqs[i] for i in pick])

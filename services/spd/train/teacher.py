@@ -286,8 +286,16 @@ class TeacherCache:
         p = self.root / "progress.json"
         return json.loads(p.read_text()) if p.exists() else {}
 
-    def sequences(self, shard: Path) -> list[dict]:
+    chunk = 0  # sequences read at a time by the training stream (0: a whole shard; reading is cheap)
+
+    def count(self, shard: Path) -> int:
+        with safe_open(shard, "pt") as f:
+            return f.get_slice("offsets").get_shape()[0] - 1
+
+    def sequences(self, shard: Path, pick: list[int] | None = None) -> list[dict]:
+        """The shard's sequences (those at the indices `pick`, in that order, if given)."""
         t = load_file(shard)
         off = t["offsets"].tolist()
-        return [{k: t[k][a:b] for k in ("tokens", "loss", "anchors", "top_ids", "top_p")}
+        seqs = [{k: t[k][a:b] for k in ("tokens", "loss", "anchors", "top_ids", "top_p")}
                 for a, b in zip(off, off[1:])]
+        return seqs if pick is None else [seqs[i] for i in pick]
