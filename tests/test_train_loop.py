@@ -142,3 +142,13 @@ def test_a_run_ending_inside_a_shard_reads_no_chunk_past_the_one_it_stops_in(tmp
     train_student(LoopConfig(**{**cfg.__dict__, "out": str(tmp_path / "b")}), whole,
                   Setup(tmp_path, None, _CountingCache(), [], None, torch.arange(4), {}))
     assert student.calls == whole.calls
+
+
+def test_a_fresh_run_with_skip_shards_starts_its_data_at_that_shard(tmp_path):
+    cache = _CountingCache()
+    cfg = LoopConfig(batch_tokens=4, warmup=1, heldout="", out=str(tmp_path), progress=False, amp="float32",
+                     eval_every_s=1e9, ckpt_every_s=1e9, tokens=sum(ROWS), skip_shards=1)
+    student = _Student()
+    run = train_student(cfg, student, Setup(tmp_path, None, cache, [], None, torch.arange(4), {}))
+    assert cache.reads == ["s1"] and {i[0] for call in student.calls for i in call} == {"s1"}
+    assert run.seen == sum(ROWS)

@@ -57,3 +57,12 @@ def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
     hist3 = [json.loads(line) for line in (tmp_path / "warm" / "history.jsonl").read_text().splitlines()]
     assert abs(hist3[0]["heldout_loss"] - hist2[-1]["heldout_loss"]) < 0.02 * hist2[-1]["heldout_loss"]  # fp16 export
     assert PDM.load(tmp_path / "warm" / "pdm").config.notes["init_from"]["tokens_seen"] == hist2[-1]["seen"]
+
+    # a warm start that grows the predecessor input (--prev) starts from the draft it loaded, exactly
+    # as good (zero projections), and trains the new fusions
+    cfg4 = TrainConfig(**{**cfg3.__dict__, "out": str(tmp_path / "grown"), "prev": True, "epochs": 3, "notes": {}})
+    train(cfg4)
+    hist4 = [json.loads(line) for line in (tmp_path / "grown" / "history.jsonl").read_text().splitlines()]
+    assert hist4[0]["heldout_loss"] == hist3[0]["heldout_loss"]
+    grown = PDM.load(tmp_path / "grown" / "pdm")
+    assert grown.config.prev and any(f.proj.weight.abs().sum() > 0 for f in grown.prev_fusions)

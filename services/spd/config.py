@@ -50,6 +50,7 @@ class LoopConfig:
     init_head: bool = True  # head rows from the target's LM head (--no-init-head: random)
     init_from: str = ""  # start from this exported draft's weights and vocabulary (a warm restart on a fresh machine: AdamW starts anew)
     epochs: int = 1  # passes over the cache
+    skip_shards: int = 0  # a fresh run's first epoch starts at this shard (of each rank's): a warm start (--init-from) continuing on parts its draft has not seen
     max_steps: int = 0  # stop after this many optimizer steps (0 = the budget)
     max_seconds: float = 0.0  # stop (checkpointed, resumable) after this wall time (0 = none)
     progress: bool = True  # progress bar (--no-progress: logs only)
@@ -59,7 +60,7 @@ class LoopConfig:
 
 
 # the LoopConfig fields that every student of one run shares: the data, its order, the run's clock
-SHARED = ("model", "data", "heldout", "eval_seqs", "epochs", "seed", "wait", "threads", "device", "progress",
+SHARED = ("model", "data", "heldout", "eval_seqs", "epochs", "skip_shards", "seed", "wait", "threads", "device", "progress",
           "resume", "max_seconds", "ckpt_every_s")
 
 

@@ -246,7 +246,7 @@ class _Loop:
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
                                      fused=torch.device(cfg.device).type in ("cpu", "cuda"))  # one kernel per step
         self.budget = cfg.tokens or int(s.cache.progress().get("loss_tokens", 0)) * cfg.epochs
-        self.run = RunState()
+        self.run = RunState(shard=cfg.skip_shards)
         if state is not None:
             student.module.load_state_dict(state[student.name])
             self.opt.load_state_dict(state["opt"])

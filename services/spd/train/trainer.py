@@ -238,6 +238,18 @@ class PdmStudent:
         self.rng.setstate(state["rng"])
 
 
+def grow_from(pdm: PDM, init: PDM) -> None:
+    """Load `init`'s weights into `pdm`. A draft without the predecessor input (`--prev`) grows one:
+    its fusions start with zero projections, so the grown PDM drafts exactly as `init` does until
+    training moves them. Any other difference is an error."""
+    missing, unexpected = pdm.load_state_dict(init.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("prev_fusions.") for k in missing):
+        raise ValueError(f"--init-from: the draft does not fit this PDM (missing {missing}, unexpected {unexpected})")
+    if missing:
+        for fusion in pdm.prev_fusions or []:
+            torch.nn.init.zeros_(fusion.proj.weight)
+
+
 def plan(cfg: TrainConfig) -> Plan:
     """The PDM of `cfg` as a student of a run (spd.train.loop.train_plans): built once the data is
     set up, from an exported draft's weights and vocabulary with --init-from (a warm start)."""
@@ -248,7 +260,7 @@ def plan(cfg: TrainConfig) -> Plan:
         head = cfg.init_head and init is None  # a warm start overwrites the head: no need to load the target's
         pdm = make_pdm(dataclasses.replace(cfg, init_head=head), s.model_dir, s.config, split, s.d2t).to(cfg.device)
         if init is not None and s.state is None:  # a warm start: the exported weights, a fresh optimizer
-            pdm.load_state_dict(init.state_dict())
+            grow_from(pdm, init)
             cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": init.config.notes.get("tokens_seen")}
         return PdmStudent(cfg, pdm, split, s)
 
