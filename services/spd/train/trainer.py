@@ -245,9 +245,9 @@ def grow_from(pdm: PDM, init: PDM) -> None:
     missing, unexpected = pdm.load_state_dict(init.state_dict(), strict=False)
     if unexpected or any(not k.startswith("prev_fusions.") for k in missing):
         raise ValueError(f"--init-from: the draft does not fit this PDM (missing {missing}, unexpected {unexpected})")
-    if missing:
-        for fusion in pdm.prev_fusions or []:
-            torch.nn.init.zeros_(fusion.proj.weight)
+    for name, w in pdm.named_parameters():
+        if name in missing and name.endswith(".proj.weight"):
+            torch.nn.init.zeros_(w)
 
 
 def plan(cfg: TrainConfig) -> Plan:
