@@ -1,0 +1,32 @@
+#!/bin/bash
+# A warm start of the shipped PDM on the self-generated parts it has not seen (--skip-shards), with
+# overrides (e.g. --prev, which grows the predecessor input from zero projections, and a fill mix),
+# then its held-out agreement at every fill level and its exact greedy acceptance on the evaluation
+# sets beside the shipped PDM (40 prompts x <= 256 tokens, the shipped PDM's card's setting):
+#   bash benchmarks/train_warm.sh NAME SKIP TOKENS LR THREADS [FLAG ...]
+# -> runs/warm-NAME/, benchmarks/results/warm-NAME/. Resumable: rerun the same command.
+#   e.g. bash benchmarks/train_warm.sh prevj30 11 729000 6e-4 2 --prev --fill judged:0.3
+set -eu
+. "$(dirname "$0")/../.venv/bin/activate"
+cd "$(dirname "$0")/.."
+NAME=${1:?usage: train_warm.sh NAME SKIP TOKENS LR THREADS [FLAG ...]}
+SKIP=$2 TOKENS=$3 LR=$4 THREADS=$5
+shift 5
+IDS=data/selfgen/SmolLM2-135M-Instruct SHIPPED=services/spd/assets/drafts/SmolLM2-135M-Instruct
+OUT=runs/warm-$NAME RES=benchmarks/results/warm-$NAME
+mkdir -p $OUT $RES
+spd --log-level INFO train --method pdm --n 5 --ls 1 --init-from $SHIPPED --skip-shards "$SKIP" "$@" \
+  --lr "$LR" --vocab 16384 --batch-tokens 1024 --tokens "$TOKENS" --data $IDS/train --heldout $IDS/heldout \
+  --eval-seqs 48 --eval-every 900 --ckpt-every 300 --threads "$THREADS" --resume --no-progress \
+  --out $OUT/pdm-run >> $OUT/train.log 2>&1
+cp $OUT/pdm-run/history.jsonl $RES/history.jsonl
+python benchmarks/train_eval.py --draft $OUT/pdm-run/pdm --threads "$THREADS" | tail -1 > $RES/fills.json
+python benchmarks/train_eval.py --draft $SHIPPED --threads "$THREADS" | tail -1 > $RES/fills_shipped.json
+cd benchmarks
+for SET in mtbench gsm8k humaneval; do
+  OMP_NUM_THREADS=1 python acceptance.py --sets $SET --prompts 40 --max-tokens 256 \
+    --draft "shipped (2.0M)=shipped" --draft "$NAME=../$OUT/pdm-run/pdm" \
+    --out ../$RES/acceptance_$SET.json > ../$RES/acceptance_$SET.log 2>&1 &
+done
+wait
+cat ../$RES/acceptance_*.md
