@@ -159,7 +159,7 @@ class BatchDecoder:
         ids = logits.argmax(-1)
         hot = (temps > 0).nonzero()[:, 0]  # [h]
         if len(hot):
-            probs = torch.softmax(logits[hot].float() / temps[hot, None], -1)  # [h, V]
+            probs = torch.softmax(logits[hot].float() / temps[hot, None].clamp_min(1e-3), -1)  # [h, V]
             ids[hot] = torch.multinomial(probs, 1, generator=self.gen)[:, 0]
         return ids
 

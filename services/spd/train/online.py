@@ -5,8 +5,8 @@ responses are stored) reads like a `TeacherCache`: `shards()` are the parts, and
 pick)` runs the frozen target over the picked sequences of a part in batched bf16 prefills and
 returns the same per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p).
 The training stream asks for `chunk` sequences at a time, so a run that ends inside a part does not
-pay for the rest of it. One target pass
-(~1-1.5k tok/s on 2 CPU cores without AMX, far more on a GPU) replaces ~6 KB a token of disk.
+pay for the rest of it. One target pass (~1-1.5k tok/s on 2 CPU cores, far more on a GPU) replaces
+~6 KB a token of disk.
 
 Sequence = prompt + response[:-1]; position P-1+s predicts response[s] (loss 1 there), exactly the
 layout `record_teacher` writes.

@@ -274,6 +274,8 @@ def forward_teacher(model_dir: Path, seqs: list[tuple[list[int], list[bool]]], o
 class TeacherCache:
     """Read side: shards of one cache directory, as a list of sequences (loaded lazily per shard)."""
 
+    chunk = 0  # sequences read at a time by the training stream (0: a whole shard; reading is cheap)
+
     def __init__(self, root: Path):
         self.root = Path(root)
         self.meta = json.loads((self.root / "meta.json").read_text())
@@ -285,8 +287,6 @@ class TeacherCache:
     def progress(self) -> dict:
         p = self.root / "progress.json"
         return json.loads(p.read_text()) if p.exists() else {}
-
-    chunk = 0  # sequences read at a time by the training stream (0: a whole shard; reading is cheap)
 
     def count(self, shard: Path) -> int:
         with safe_open(shard, "pt") as f:
