@@ -15,7 +15,7 @@ mkdir -p $OUT
 for SET in mtbench gsm8k humaneval; do
   OMP_NUM_THREADS=1 python acceptance.py --sets $SET --prompts "${2:-40}" --max-tokens "${3:-128}" \
     --draft "SPD L_s=1 ($B)=$RUN/spd-n5-ls1/pdm" --draft "SPD L_s=2 ($B)=$RUN/spd-n5-ls2/pdm" \
-    --draft "SPD shipped (2.0M)=shipped" --eagle "EAGLE-3 ($B)=$RUN/eagle3/draft" \
+    --draft "SPD shipped=shipped" --eagle "EAGLE-3 ($B)=$RUN/eagle3/draft" \
     --out $OUT/acceptance_$SET.json > $OUT/acceptance_$SET.log 2>&1 &
 done
 wait
