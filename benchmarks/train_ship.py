@@ -60,6 +60,12 @@ def _fill_lines(fills: dict) -> list[str]:
             "| KL | " + " | ".join(f"{fills[f'a{a}']['kl']:.3f}" for a in range(1, n + 1)) + " |", ""]
 
 
+def _warm_start(notes: dict) -> str:
+    """', after a warm start from a draft that had seen N (M in all)', or nothing."""
+    base = notes.get("init_from", {}).get("tokens_seen")
+    return f", after a warm start from a draft that had seen {base:,} ({base + notes['tokens_seen']:,} in all)" if base else ""
+
+
 def _acceptance_lines(acc: dict, label: str) -> list[str]:
     sets = acc["drafts"][label]["sets"]
     others = [k for k in acc["drafts"] if k != label]
@@ -114,7 +120,7 @@ def card(cfg: dict, size_mb: float, hist: list[dict], model: str, fills: dict | 
         f"- aligned training (per-depth replication, structural mask, simulated fill levels `{notes.get('fill', 'design')}`), "
         f"KL(teacher ‖ PDM) on the draft vocabulary; AdamW, peak lr {notes.get('lr')}, linear warm-up then linear decay "
         f"to 0 at the budget, {notes.get('batch_tokens')} response positions per step, one pass",
-        f"- response tokens trained on: **{notes.get('tokens_seen', 0):,}**; training wall time {hours:.1f} h on one CPU "
+        f"- response tokens trained on: **{notes.get('tokens_seen', 0):,}**{_warm_start(notes)}; training wall time {hours:.1f} h on one CPU "
         "thread (as recorded by the run's checkpoints; work redone after a restart is counted once)",
         f"- held-out top-1 agreement at a = n: p = {notes.get('heldout_p') or float('nan'):.3f} "
         f"(KL {notes.get('heldout_loss') or float('nan'):.3f})", "",

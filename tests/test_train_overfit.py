@@ -56,7 +56,9 @@ def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
     train(cfg3)
     hist3 = [json.loads(line) for line in (tmp_path / "warm" / "history.jsonl").read_text().splitlines()]
     assert abs(hist3[0]["heldout_loss"] - hist2[-1]["heldout_loss"]) < 0.02 * hist2[-1]["heldout_loss"]  # fp16 export
-    assert PDM.load(tmp_path / "warm" / "pdm").config.notes["init_from"]["tokens_seen"] == hist2[-1]["seen"]
+    warm = PDM.load(tmp_path / "warm" / "pdm").config.notes
+    assert warm["init_from"]["tokens_seen"] == hist2[-1]["seen"]
+    assert {k: v for k, v in warm["vocab"].items() if k != "from"} == loaded.config.notes["vocab"]  # its provenance kept
 
     # a warm start that grows the predecessor input (--prev) starts from the draft it loaded, exactly
     # as good (zero projections), and trains the new fusions

@@ -167,6 +167,7 @@ class Plan:
     layers: Callable[[Any], Iterable[int]]  # HF config -> the teacher layers the student reads
     build: Callable[[Setup], Student]  # its Setup -> the student, on cfg.device
     d2t: torch.Tensor | None = None  # a warm start's vocabulary (else the checkpoint's, else chosen from the data)
+    vocab_info: dict = field(default_factory=dict)  # with d2t: how its draft chose it (V_s, coverage), for the export
 
 
 def check_plans(plans: list[Plan]) -> None:
@@ -215,7 +216,7 @@ def _student_setup(p: Plan, data: tuple[Path, Any, Any, Any], held_seqs: list[di
     if state is not None:
         d2t, vocab_info = state["d2t"], state["vocab_info"]
     elif p.d2t is not None:
-        d2t, vocab_info = p.d2t, {"V_s": len(p.d2t), "from": cfg.init_from}
+        d2t, vocab_info = p.d2t, {**p.vocab_info, "V_s": len(p.d2t), "from": cfg.init_from}
     else:
         if cfg.vocab not in vocabs:
             vocabs[cfg.vocab] = choose_vocab(cfg.vocab, model_dir, config, cache, held)

@@ -266,7 +266,7 @@ def plan(cfg: TrainConfig) -> Plan:
 
     return Plan(cfg, ("n", "ls", "anchors", "schedule", "vocab", "data"),
                 lambda config: anchors_of(cfg, uniform_split(config.num_hidden_layers, cfg.n)), build,
-                init.d2t if init else None)
+                init.d2t if init else None, init.config.notes.get("vocab", {}) if init else {})
 
 
 def train(cfg: TrainConfig) -> PDM:
