@@ -1,5 +1,6 @@
 """Continuous-batching self-generation: each row's greedy output is the model's own AR output,
-whatever else shares the batch (rows of different lengths joining and leaving)."""
+whatever else shares the batch (rows of different lengths joining and leaving, re-laid out oldest
+first, attending a group of rows at a time over each group's own window)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from spd.train.batch_decode import BatchDecoder
 from tests.conftest import ar_tokens
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_batched_greedy_equals_ar_for_every_row(tiny_dir, arch):
+@pytest.mark.parametrize("arch,group", [("llama", 2), ("qwen3", 3), ("llama", 16)])
+def test_batched_greedy_equals_ar_for_every_row(tiny_dir, arch, group):
     model_dir = tiny_dir(arch)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     rng = random.Random(0)
     eos = model.config.eos_token_id
     prompts = [[rng.randrange(1, eos) for _ in range(rng.randrange(1, 40))] for _ in range(11)]
     got: dict[int, list[int]] = {}
-    dec = BatchDecoder(model, batch=4, max_new=24, eos_id=eos, slack=5)
+    dec = BatchDecoder(model, batch=4, max_new=24, eos_id=eos, slack=5, group=group)
     dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), prefill_tokens=60)
     assert sorted(got) == list(range(len(prompts)))
     for i, p in enumerate(prompts):
@@ -43,7 +44,7 @@ def test_features_recorded_while_decoding_equal_a_prefill_of_the_generated_text(
     layers = [0, 1, model.config.num_hidden_layers - 1, model.config.num_hidden_layers]
     got: dict[int, list[int]] = {}
     feats: dict[int, dict] = {}
-    dec = BatchDecoder(model, batch=3, max_new=12, eos_id=eos, slack=4,
+    dec = BatchDecoder(model, batch=3, max_new=12, eos_id=eos, slack=4, group=2,
                        recorder=FeatureRecorder(layers, feats.__setitem__))
     dec.run([(i, p, 0.0) for i, p in enumerate(prompts)], lambda i, r: got.__setitem__(i, list(r)), prefill_tokens=40)
     teacher = OnlineTeacher(model_dir, layers, dtype=torch.float32)

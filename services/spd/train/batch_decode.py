@@ -8,14 +8,18 @@ DynamicCache) and explicit masks:
   buffer  k, v: [B, H_kv, C, D] per layer; every row writes its next token at the shared column `c`
   row b   holds real entries in columns [start[b], c); its next position is c - start[b]
 
-A new prompt of length P goes into columns [c - P, c) of a free slot (right-aligned). Prompts are
-prefilled a few at a time, right-padded and causal (no mask to build or read), at most
-`prefill_tokens` padded tokens a forward so that every activation stays in cache. Attention of a
-decode step reads the whole buffer (masked): a contiguous buffer is ~5x faster to multiply on this
-CPU than a strided window of it, so the buffer is kept tight instead: when c reaches C, or a prompt
-needs more room before c, it is re-laid out to the live window plus `slack` columns, into the other
-of two storages that are reused (a fresh multi-GB allocation each time costs more than the copy).
+A new prompt of length P goes into columns [c - P, c) of the lowest free slot (right-aligned).
+Prompts are prefilled a few at a time, right-padded and causal (no mask to build or read), at most
+`prefill_tokens` padded tokens a forward so that every activation stays in cache.
 
+Decode attention is memory-bound: a step reads every K and V it attends over. The buffer is kept
+tight: when c reaches C, or a prompt needs more room before c, it is re-laid out to the live window
+plus `slack` columns, into the other of two storages that are reused (a fresh multi-GB allocation
+each time costs more than the copy). The re-layout also sorts the live rows by start, oldest first,
+into slots [0, used): the step then runs over those slots only (a draining batch shrinks), and its
+attention runs a `group` of neighbouring slots at a time, each group over its own window [its
+oldest start, c] instead of the whole buffer (rows of similar age share a group, so the groups
+read about half the columns a single window would).
 With a `FeatureRecorder` (spd.train.recorder) the same passes also record the teacher's anchor
 states and top-k for every generated sequence: generation and teacher features in one pass.
 """
@@ -59,8 +63,8 @@ class BatchDecoder:
     """Greedy / sampled decoding, rows joining and leaving (see the module docstring)."""
 
     def __init__(self, model, batch: int, max_new: int, eos_id: int, seed: int = 0,
-                 slack: int = 32, recorder: FeatureRecorder | None = None):
-        self.model, self.B, self.max_new, self.eos = model, batch, max_new, eos_id
+                 slack: int = 32, group: int = 16, recorder: FeatureRecorder | None = None):
+        self.model, self.B, self.max_new, self.eos, self.group = model, batch, max_new, eos_id, group
         self.inner = model.model
         cfg = model.config
         self.slack = slack
@@ -73,6 +77,8 @@ class BatchDecoder:
         self.bufs = self._alloc(0)
         self.start = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] first real column per slot (c when free)
         self.rows: list[_Row | None] = [None] * batch
+        self.used = 0  # slots [0, used) hold every live row: a step runs over these
+        self.home = torch.arange(batch, device=self.device)  # [B] the recorder's slot of each slot's row (fixed for its life)
         self.next = torch.zeros(batch, dtype=torch.long, device=self.device)  # [B] token each slot feeds next
         self.gen = torch.Generator(self.device).manual_seed(seed)
         self.recorder = recorder
@@ -98,20 +104,25 @@ class BatchDecoder:
         return self.model.config.num_hidden_layers * 2 * self.B * self.kv_shape[0] * width * self.kv_shape[1]
 
     def _relayout(self, before: int = 0) -> None:
-        """New buffers holding the live columns [lo, c) at [off, off + c - lo), with c >= `before`
-        afterwards and `slack` free columns after c."""
-        live = [s for s, r in enumerate(self.rows) if r is not None]
+        """New buffers holding the live rows, oldest first, in slots [0, used), their columns [lo, c)
+        at [off, off + c - lo), with c >= `before` afterwards and `slack` free columns after c."""
+        live = sorted((s for s, r in enumerate(self.rows) if r is not None), key=lambda s: int(self.start[s]))
+        order = live + [s for s, r in enumerate(self.rows) if r is None]
         lo = int(self.start[live].min()) if live else self.c
         off = max(0, before - (self.c - lo))
         width = off + (self.c - lo) + self.slack
         old, self.bufs = self.bufs, self._alloc(width)
-        for (nk, nv), (ok, ov) in zip(self.bufs, old):
-            nk[:, :, off:off + self.c - lo] = ok[:, :, lo:self.c]
-            nv[:, :, off:off + self.c - lo] = ov[:, :, lo:self.c]
-        self.start += off - lo
-        self.c, self.C = off + self.c - lo, width
-        free = torch.tensor([r is None for r in self.rows], device=self.device)
-        self.start[free] = self.c
+        n, w, idx = len(live), self.c - lo, torch.tensor(live, dtype=torch.long, device=self.device)
+        if n and w:
+            for (nk, nv), (ok, ov) in zip(self.bufs, old):
+                nk[:n, :, off:off + w] = ok[:, :, lo:self.c].index_select(0, idx)
+                nv[:n, :, off:off + w] = ov[:, :, lo:self.c].index_select(0, idx)
+        perm = torch.tensor(order, device=self.device)
+        self.rows = [self.rows[s] for s in order]
+        self.next, self.home = self.next[perm], self.home[perm]
+        self.start = self.start[perm] + off - lo
+        self.c, self.C, self.used = off + w, width, n
+        self.start[n:] = self.c
 
     # -- model calls -------------------------------------------------------------------------------
     def _layers(self, ids, lens, cap: _KVCapture):
@@ -130,33 +141,39 @@ class BatchDecoder:
         last = h[torch.arange(len(lens), device=self.device), lens - 1]  # [b, d]
         return self.model.lm_head(self.inner.norm(last)), states
 
-    def _layer_step(self, layer, h, cos, sin, kb, vb, bias):
-        """One decoder layer for one new token per row, attending over the whole (masked) buffer.
+    def _layer_step(self, layer, h, cos, sin, kb, vb, bias, windows):
+        """One decoder layer for one new token per row of slots [0, U), each group of rows attending
+        over its own window of the buffer (masked within it).
 
         The model's own projections, norms and MLP; attention written out so that grouped-query
         heads read the strided buffer directly (HF's sdpa path copies and repeats K/V each step).
-        h: [B, 1, d]; kb, vb: [B, H_kv, C, D]; bias: [B, 1, 1, C] (0 or -inf)."""
+        h: [U, 1, d]; kb, vb: [B, H_kv, C, D]; bias: [U, 1, 1, C] (0 or -inf); windows: (a, b, lo),
+        rows [a, b) attend over columns [lo, c]."""
         attn = layer.self_attn
-        B = h.shape[0]
+        U = h.shape[0]
         hk, hd = kb.shape[1], kb.shape[3]
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(B, 1, -1, hd)  # [B, 1, H, D]
-        k = attn.k_proj(x).view(B, 1, hk, hd)
+        q = attn.q_proj(x).view(U, 1, -1, hd)  # [U, 1, H, D]
+        k = attn.k_proj(x).view(U, 1, hk, hd)
         if hasattr(attn, "q_norm"):  # Qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        q, k = rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, H, 1, D], [B, H_kv, 1, D]
-        kb[:, :, self.c] = k[:, :, 0]
-        vb[:, :, self.c] = attn.v_proj(x).view(B, hk, hd)
-        # one fused kernel over the buffer (query head i reads kv head i // g in place)
-        o = F.scaled_dot_product_attention(q, kb, vb, attn_mask=bias, scale=attn.scaling, enable_gqa=True)  # [B, H, 1, D]
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(B, 1, -1))
+        q, k = rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [U, H, 1, D], [U, H_kv, 1, D]
+        c = self.c
+        kb[:U, :, c] = k[:, :, 0]
+        vb[:U, :, c] = attn.v_proj(x).view(U, hk, hd)
+        # one fused kernel per group (query head i reads kv head i // g in place)
+        o = torch.cat([F.scaled_dot_product_attention(q[a:b], kb[a:b, :, lo:c + 1], vb[a:b, :, lo:c + 1],
+                                                      attn_mask=bias[a:b, ..., lo:c + 1], scale=attn.scaling,
+                                                      enable_gqa=True)
+                       for a, b, lo in windows])  # [U, H, 1, D]
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(U, 1, -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _choose(self, logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
         """logits [b, V] (the model's dtype: its fp32 upcast is exact, so the argmax is the same) -> ids
         [b]: argmax where temp == 0, else a sample at that temperature (fp32 softmax, sampled rows only)."""
-        ids = logits.argmax(-1)
+        ids = logits.max(-1).indices  # the first maximal index, as argmax (~4x faster on bf16 here)
         hot = (temps > 0).nonzero()[:, 0]  # [h]
         if len(hot):
             probs = torch.softmax(logits[hot].float() / temps[hot, None].clamp_min(1e-3), -1)  # [h, V]
@@ -164,27 +181,27 @@ class BatchDecoder:
         return ids
 
     @staticmethod
-    def _prefill_groups(free: list[int], queue: list, tokens: int):
-        """Pop jobs off `queue` into the `free` slots, in groups of at most `tokens` padded tokens."""
-        slots: list[int] = []
+    def _prefill_groups(free: int, queue: list, tokens: int):
+        """Pop at most `free` jobs off `queue`, in groups of at most `tokens` padded tokens."""
         batch: list = []
-        for s in free:
+        for _ in range(free):
             if not queue:
                 break
             if batch and (len(batch) + 1) * max(len(queue[-1][1]), *(len(p) for _, p, _ in batch)) > tokens:
-                yield slots, batch
-                slots, batch = [], []
-            slots.append(s)
+                yield batch
+                batch = []
             batch.append(queue.pop())
         if batch:
-            yield slots, batch
+            yield batch
 
-    def _prefill(self, slots: list[int], batch: list[tuple[int, Sequence[int], float]]) -> None:
-        """Run the jobs' prompts (right-padded to P) and place their KV in columns [c - len, c) of `slots`."""
+    def _prefill(self, batch: list[tuple[int, Sequence[int], float]]) -> None:
+        """Run the jobs' prompts (right-padded to P) and place their KV in columns [c - len, c) of
+        the lowest free slots."""
         prompts = [list(p) for _, p, _ in batch]
         P = max(len(p) for p in prompts)
         if self.c < P:
             self._relayout(before=P)
+        slots = [s for s, r in enumerate(self.rows) if r is None][:len(batch)]
         dev = self.device
         lens = torch.tensor([len(p) for p in prompts], device=dev)
         ids = torch.tensor([list(p) + [self.eos] * (P - len(p)) for p in prompts], device=dev)  # [b, P]
@@ -199,35 +216,47 @@ class BatchDecoder:
         self.start[idx] = self.c - lens
         self.next[idx] = self._choose(logits, torch.tensor([t for _, _, t in batch], device=dev))
         if self.recorder:
-            self.recorder.prefill(idx, lens.tolist(), states, logits)
+            self.recorder.prefill(self.home[idx], lens.tolist(), states, logits)
         for s, p, (job, _, t) in zip(slots, prompts, batch):
             self.rows[s] = _Row(job=job, temp=t, prompt=p)
+        self.used = max(self.used, slots[-1] + 1)
+
+    def _windows(self) -> list[tuple[int, int, int]]:
+        """(a, b, lo): the step's attention groups, rows [a, b) of [0, used) over columns [lo, c]."""
+        U, G = self.used, self.group
+        firsts = self.start[:U].tolist()
+        return [(a, min(a + G, U), min(firsts[a:a + G])) for a in range(0, U, G)]
 
     def _step(self) -> None:
-        """One decode step for every slot: column c, window [min start, c]."""
+        """One decode step for the slots [0, used): column c, each group of rows over its window."""
         if self.c >= self.C:
             self._relayout()
-        cols = torch.arange(self.C, device=self.device)
-        mask = (cols[None, :] >= self.start[:, None]) & (cols[None, :] <= self.c)  # [B, C]
-        bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))[:, None, None]
-        pos = (self.c - self.start)[:, None]  # [B, 1]
-        h = self.inner.embed_tokens(self.next[:, None])  # [B, 1, d]
+        U, dev = self.used, self.device
+        start = self.start[:U]
+        cols = torch.arange(self.C, device=dev)
+        mask = (cols[None, :] >= start[:, None]) & (cols[None, :] <= self.c)  # [U, C]
+        bias = torch.zeros(mask.shape, dtype=self.dtype, device=dev).masked_fill_(~mask, float("-inf"))[:, None, None]
+        windows = self._windows()
+        pos = (self.c - start)[:, None]  # [U, 1]
+        h = self.inner.embed_tokens(self.next[:U, None])  # [U, 1, d]
         cos, sin = self.inner.rotary_emb(h, pos)
         states = []
         for i, (layer, (kb, vb)) in enumerate(zip(self.inner.layers, self.bufs)):
             if i in self.keep:
                 states.append(h[:, 0])
-            h = self._layer_step(layer, h, cos, sin, kb, vb, bias)
+            h = self._layer_step(layer, h, cos, sin, kb, vb, bias, windows)
         if len(self.inner.layers) in self.keep:
             states.append(h[:, 0])
-        logits = self.model.lm_head(self.inner.norm(h[:, -1]))  # [B, V]
+        logits = self.model.lm_head(self.inner.norm(h[:, -1]))  # [U, V]
         self.c += 1
         if self.recorder:
-            fed = [(s, len(r.out) - 1) for s, r in enumerate(self.rows) if r is not None]  # (slot, response index fed)
-            live, j = torch.tensor(fed, device=self.device).T
-            self.recorder.step(live, j, states, logits)
-        temps = torch.tensor([r.temp if r else 0.0 for r in self.rows], device=self.device)
-        self.next = self._choose(logits, temps)
+            fed = [(s, len(r.out) - 1) for s, r in enumerate(self.rows[:U]) if r is not None]  # (slot, response index fed)
+            live, j = torch.tensor(fed, device=dev).T
+            whole = len(fed) == U  # no row to drop: skip copying the [U, V] logits
+            self.recorder.step(self.home[live], j, torch.stack(states, 1) if whole else torch.stack(states, 1)[live],
+                               logits if whole else logits[live])
+        temps = torch.tensor([r.temp if r else 0.0 for r in self.rows[:U]], device=dev)
+        self.next[:U] = self._choose(logits, temps)
 
     # -- driver ------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -241,10 +270,10 @@ class BatchDecoder:
         self.widest = max([self.widest, *(len(p) + self.max_new + self.slack for _, p, _ in queue)])
         refill = refill or max(1, self.B // 8)
         while queue or any(self.rows):
-            free = [s for s, r in enumerate(self.rows) if r is None]
-            if queue and len(free) >= min(refill, len(queue)):
-                for slots, batch in self._prefill_groups(free, queue, prefill_tokens):
-                    self._prefill(slots, batch)
+            free = sum(r is None for r in self.rows)
+            if queue and free >= min(refill, len(queue)):
+                for batch in self._prefill_groups(free, queue, prefill_tokens):
+                    self._prefill(batch)
             nxt = self.next.tolist()  # one device sync per step
             for s, row in enumerate(self.rows):  # the token each slot is about to feed is its output
                 if row is None:
@@ -253,7 +282,7 @@ class BatchDecoder:
                 row.out.append(tok)
                 if tok == self.eos or len(row.out) >= self.max_new:
                     if self.recorder:
-                        self.recorder.finish(s, row.job, row.prompt, row.out)
+                        self.recorder.finish(int(self.home[s]), row.job, row.prompt, row.out)
                     if on_done(row.job, row.out):
                         return
                     self.rows[s] = None

@@ -47,12 +47,11 @@ class FeatureRecorder:
             self.prompt_anchors[s] = h[i, :n].clone()
         self.top_ids[slots, 0], self.top_p[slots, 0] = top_k_probs(logits)
 
-    def step(self, live: torch.Tensor, j: torch.Tensor, states: list[torch.Tensor], logits: torch.Tensor) -> None:
-        """live [b] slots that fed response[j] this step, j [b]; states: H[b] per recorded layer, each
-        [B, d] for every slot; logits [B, V] (they chose response[j + 1])."""
-        h = torch.stack(states, 1)[live].half()  # [b, m, d]
-        self.resp_anchors[live, j] = h
-        self.top_ids[live, j + 1], self.top_p[live, j + 1] = top_k_probs(logits[live])
+    def step(self, slots: torch.Tensor, j: torch.Tensor, states: torch.Tensor, logits: torch.Tensor) -> None:
+        """slots [b] whose rows fed response[j] this step, j [b]; states [b, m, d]: their H[b] at the
+        recorded layers; logits [b, V] (they chose response[j + 1])."""
+        self.resp_anchors[slots, j] = states.half()
+        self.top_ids[slots, j + 1], self.top_p[slots, j + 1] = top_k_probs(logits)
 
     def finish(self, slot: int, job: int, prompt: list[int], response: list[int]) -> None:
         """The row in `slot` ended with `response` (R tokens): its sequence dict, to on_features."""
