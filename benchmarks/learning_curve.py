@@ -11,7 +11,11 @@ log-linear fit, which real curves bend below, and the shipped curve is one run w
 decays to 0 at its end (its late points gain from the annealing): so the projection is a lower
 bound on the budget, labelled so.
 
-  spd bench learning_curve [--run NAME=runs/x/history.jsonl ...] [--n 5] [--s0 2]
+The shipped PDM's own notes hold only its last run's curve; a warm start's lineage is given as run
+segments of one name, each offset by the tokens its base had seen in all (NAME=PATH@OFFSET), e.g.
+
+  spd bench learning_curve --run "shipped=benchmarks/results/long_run_spd-n5-ls1_history.jsonl" \
+      --run "shipped=benchmarks/results/warm-prevj30-300k/history.jsonl@2000827" [--n 5] [--s0 2]
 """
 
 from __future__ import annotations
@@ -42,18 +46,28 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     return float(a), float(b)
 
 
+def shipped_curve() -> list[tuple[int, float]]:
+    """The shipped PDM's curve from its notes, on the axis of tokens in all (a warm start's points
+    offset by what its base had seen)."""
+    notes = json.loads(SHIPPED.read_text())["notes"]
+    base = int(notes.get("init_from", {}).get("tokens_seen") or 0)
+    return [(base + int(t), float(p)) for t, p in notes["curve"]]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", action="append", default=[], help="NAME=path/to/history.jsonl (repeatable)")
+    ap.add_argument("--run", action="append", default=[],
+                    help="NAME=path/to/history.jsonl[@OFFSET] (repeatable; segments of one NAME join, OFFSET tokens later)")
     ap.add_argument("--n", type=int, default=5, help="pipeline width (default 5)")
     ap.add_argument("--s0", type=float, default=2.0, help="target S0 = n·α (default 2)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/learning_curve.json"), help="JSON out (.md and .png beside it)")
     args = ap.parse_args()
-    series = {"shipped PDM": [(int(t), float(p)) for t, p in json.loads(SHIPPED.read_text())["notes"]["curve"]]}
+    series = {} if args.run else {"shipped PDM": shipped_curve()}
     for spec in args.run:
         name, path = spec.split("=", 1)
+        path, _, offset = path.partition("@")
         rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        series[name] = [(int(r["seen"]), float(r["heldout_p"])) for r in rows]
+        series.setdefault(name, []).extend((int(offset or 0) + int(r["seen"]), float(r["heldout_p"])) for r in rows)
     target = needed_p(args.n, args.s0)
     out: dict = {"n": args.n, "s0_target": args.s0, "p_needed": target, "series": {}}
     rows = []

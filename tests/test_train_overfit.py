@@ -9,7 +9,7 @@ import torch
 
 from spd.core.pdm import PDM
 from spd.train.teacher import TeacherCache, forward_teacher
-from spd.train.trainer import TrainConfig, train
+from spd.train.trainer import TrainConfig, tokens_in_all, train
 
 
 def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
@@ -58,6 +58,7 @@ def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
     assert abs(hist3[0]["heldout_loss"] - hist2[-1]["heldout_loss"]) < 0.02 * hist2[-1]["heldout_loss"]  # fp16 export
     warm = PDM.load(tmp_path / "warm" / "pdm").config.notes
     assert warm["init_from"]["tokens_seen"] == hist2[-1]["seen"]
+    assert tokens_in_all(warm) == hist2[-1]["seen"] + hist3[-1]["seen"]  # what a warm start of it records as its base's
     assert {k: v for k, v in warm["vocab"].items() if k != "from"} == loaded.config.notes["vocab"]  # its provenance kept
 
     # a warm start that grows the predecessor input (--prev) starts from the draft it loaded, exactly
