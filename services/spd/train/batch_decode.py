@@ -20,6 +20,7 @@ into slots [0, used): the step then runs over those slots only (a draining batch
 attention runs a `group` of neighbouring slots at a time, each group over its own window [its
 oldest start, c] instead of the whole buffer (rows of similar age share a group, so the groups
 read about half the columns a single window would).
+
 With a `FeatureRecorder` (spd.train.recorder) the same passes also record the teacher's anchor
 states and top-k for every generated sequence: generation and teacher features in one pass.
 """
@@ -252,9 +253,10 @@ class BatchDecoder:
         if self.recorder:
             fed = [(s, len(r.out) - 1) for s, r in enumerate(self.rows[:U]) if r is not None]  # (slot, response index fed)
             live, j = torch.tensor(fed, device=dev).T
-            whole = len(fed) == U  # no row to drop: skip copying the [U, V] logits
-            self.recorder.step(self.home[live], j, torch.stack(states, 1) if whole else torch.stack(states, 1)[live],
-                               logits if whole else logits[live])
+            h_rec, z_rec = torch.stack(states, 1), logits  # [U, m, d], [U, V]
+            if len(fed) < U:  # free slots among them (a full batch skips copying the logits)
+                h_rec, z_rec = h_rec[live], z_rec[live]
+            self.recorder.step(self.home[live], j, h_rec, z_rec)
         temps = torch.tensor([r.temp if r else 0.0 for r in self.rows[:U]], device=dev)
         self.next[:U] = self._choose(logits, temps)
 
