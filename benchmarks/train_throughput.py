@@ -220,7 +220,7 @@ def main(argv=None) -> int:
         keep_freed_memory()
         new = teacher_new(model_dir, prompts, args.max_new, eos, args.batch, Path(tmp))
     two_pass, feats = teacher_ids_prefill(model_dir, prompts, args.max_new, eos, layers, args.batch)
-    seqs = feats[: args.train_seqs]
+    seqs = feats[:: max(1, len(feats) // args.train_seqs)][: args.train_seqs]  # every length (the prompts are sorted)
     t_old = trainer(config, seqs, layers, "float32", True, passes=args.train_passes)
     t_new = trainer(config, seqs, layers, "bfloat16", False, passes=args.train_passes)
     params = sum(p.numel() for p in load_hf(model_dir).parameters())
