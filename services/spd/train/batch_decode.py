@@ -107,9 +107,10 @@ class BatchDecoder:
     def _relayout(self, before: int = 0) -> None:
         """New buffers holding the live rows, oldest first, in slots [0, used), their columns [lo, c)
         at [off, off + c - lo), with c >= `before` afterwards and `slack` free columns after c."""
-        live = sorted((s for s, r in enumerate(self.rows) if r is not None), key=lambda s: int(self.start[s]))
+        starts = self.start.tolist()  # (one device sync)
+        live = sorted((s for s, r in enumerate(self.rows) if r is not None), key=starts.__getitem__)
         order = live + [s for s, r in enumerate(self.rows) if r is None]
-        lo = int(self.start[live].min()) if live else self.c
+        lo = starts[live[0]] if live else self.c
         off = max(0, before - (self.c - lo))
         width = off + (self.c - lo) + self.slack
         old, self.bufs = self.bufs, self._alloc(width)
