@@ -64,14 +64,17 @@ class BatchDecoder:
     """Greedy / sampled decoding, rows joining and leaving (see the module docstring)."""
 
     def __init__(self, model, batch: int, max_new: int, eos_id: int, seed: int = 0,
-                 slack: int = 32, group: int = 16, recorder: FeatureRecorder | None = None):
-        self.model, self.B, self.max_new, self.eos, self.group = model, batch, max_new, eos_id, group
+                 slack: int = 32, group: int = 0, recorder: FeatureRecorder | None = None):
+        self.model, self.B, self.max_new, self.eos = model, batch, max_new, eos_id
         self.inner = model.model
         cfg = model.config
         self.slack = slack
         self.kv_shape = (cfg.num_key_value_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         p = next(model.parameters())
         self.dtype, self.device = p.dtype, p.device
+        # rows per attention call: on a CPU, groups over their own windows read less (measured: 2/3 of
+        # the attention time); elsewhere one call for the batch, as before (groups not measured there)
+        self.group = group or (16 if self.device.type == "cpu" else batch)
         self.C, self.c = 0, 0  # buffer width; next column every row writes
         self.store = self.spare = torch.zeros(0, dtype=self.dtype, device=self.device)  # the two storages
         self.widest = 0  # buffer width the storages are sized for: a live row spans <= prompt + max_new
