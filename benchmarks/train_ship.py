@@ -120,8 +120,8 @@ def card(cfg: dict, size_mb: float, hist: list[dict], model: str, fills: dict | 
         f"- aligned training (per-depth replication, structural mask, simulated fill levels `{notes.get('fill', 'design')}`), "
         f"KL(teacher ‖ PDM) on the draft vocabulary; AdamW, peak lr {notes.get('lr')}, linear warm-up then linear decay "
         f"to 0 at the budget, {notes.get('batch_tokens')} response positions per step, one pass",
-        f"- response tokens trained on: **{notes.get('tokens_seen', 0):,}**{_warm_start(notes)}; training wall time {hours:.1f} h on one CPU "
-        "thread (as recorded by the run's checkpoints; work redone after a restart is counted once)",
+        f"- response tokens trained on: **{notes.get('tokens_seen', 0):,}**{_warm_start(notes)}; training wall time {hours:.1f} h on a CPU "
+        "(as recorded by the run's checkpoints; work redone after a restart is counted once)",
         f"- held-out top-1 agreement at a = n: p = {notes.get('heldout_p') or float('nan'):.3f} "
         f"(KL {notes.get('heldout_loss') or float('nan'):.3f})", "",
         "| tokens seen | held-out KL | held-out p (a = n) | hours |", "|---|---|---|---|",

@@ -59,6 +59,8 @@ def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
     warm = PDM.load(tmp_path / "warm" / "pdm").config.notes
     assert warm["init_from"]["tokens_seen"] == hist2[-1]["seen"]
     assert tokens_in_all(warm) == hist2[-1]["seen"] + hist3[-1]["seen"]  # what a warm start of it records as its base's
+    train(TrainConfig(**{**cfg3.__dict__, "resume": True, "epochs": 2, "notes": {}}))  # a warm start resumed
+    assert PDM.load(tmp_path / "warm" / "pdm").config.notes["init_from"] == warm["init_from"]  # keeps its provenance
     assert {k: v for k, v in warm["vocab"].items() if k != "from"} == loaded.config.notes["vocab"]  # its provenance kept
 
     # a warm start that grows the predecessor input (--prev) starts from the draft it loaded, exactly

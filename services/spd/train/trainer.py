@@ -265,9 +265,10 @@ def plan(cfg: TrainConfig) -> Plan:
         split = uniform_split(s.config.num_hidden_layers, cfg.n)
         head = cfg.init_head and init is None  # a warm start overwrites the head: no need to load the target's
         pdm = make_pdm(dataclasses.replace(cfg, init_head=head), s.model_dir, s.config, split, s.d2t).to(cfg.device)
-        if init is not None and s.state is None:  # a warm start: the exported weights, a fresh optimizer
-            grow_from(pdm, init)
+        if init is not None:  # a warm start (its provenance also when it resumes)
             cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": tokens_in_all(init.config.notes)}
+            if s.state is None:  # the exported weights, a fresh optimizer
+                grow_from(pdm, init)
         return PdmStudent(cfg, pdm, split, s)
 
     return Plan(cfg, ("n", "ls", "anchors", "schedule", "vocab", "data"),
