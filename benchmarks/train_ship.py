@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from spd.pipeline import SHIPPED_DRAFTS
+from spd.train.trainer import tokens_in_all
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -63,7 +64,7 @@ def _fill_lines(fills: dict) -> list[str]:
 def _warm_start(notes: dict) -> str:
     """', after a warm start from a draft that had seen N (M in all)', or nothing."""
     base = notes.get("init_from", {}).get("tokens_seen")
-    return f", after a warm start from a draft that had seen {base:,} ({base + notes['tokens_seen']:,} in all)" if base else ""
+    return f", after a warm start from a draft that had seen {base:,} ({tokens_in_all(notes):,} in all)" if base else ""
 
 
 def _acceptance_lines(acc: dict, label: str) -> list[str]:
