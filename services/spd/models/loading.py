@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -47,7 +49,8 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     log.info("[convert] dequantising %s into %s (one time, ~40 s)", gguf.name, out)
-    tmp = out.with_name(out.name + ".partial")
+    # Each process converts into its own folder, so processes starting together cannot collide.
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
@@ -56,7 +59,17 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out)
+    _publish(tmp, out)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move a finished conversion into place; if another process got there first, keep its copy."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)
 
 
 def resolve_model(name_or_path: str | None) -> Path:
