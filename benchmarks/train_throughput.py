@@ -2,11 +2,11 @@
 
 Teacher = self-generated training data, "response tokens generated and recorded (anchors + top-k)
 per second", greedy, on a seeded sample of the self-generation prompts (sorted by length):
-  old          HF generate, bf16, batch 16, anchors + top-k captured by forward hooks while
+  old          HF generate, batch 16, anchors + top-k captured by forward hooks while
                generating, written as cache shards (the former `prepare selfgen`, kept below)
-  ids+prefill  continuous-batching generation of token ids, bf16, batch B (`spd.train.batch_decode`),
-               then the features by batched bf16 prefills (`spd.train.online`); timed together
-  new          continuous batching, bf16, batch B, rows re-laid out oldest first and attending in
+  ids+prefill  continuous-batching generation of token ids, batch B (`spd.train.batch_decode`),
+               then the features by batched prefills (`spd.train.online`); timed together
+  new          continuous batching, batch B, rows re-laid out oldest first and attending in
                groups over each group's own window, the features recorded by the decode steps
                themselves, written as cache shards (`spd.train.teacher.record_teacher`)
 Every measurement after `old` runs with glibc malloc keeping freed memory (`spd.train.memory`, as
@@ -15,10 +15,12 @@ gets the setting too (so its ratio is, if anything, understated).
 Trainer = PDM positions per second (aligned forward + KL + backward + AdamW), same sequences, in
 steady state (an untimed pass first, then timed passes):
   old  fp32, one sequence per forward, attention through the dense [C*T, C*T] staircase mask
-  new  bf16 autocast (fp32 master weights and optimizer state), one packed forward per optimizer
+  new  autocast in the batched dtype where that is bf16 (fp32 master weights and optimizer state), one packed forward per optimizer
        step over only the rows the loss rows depend on (`spd.train.aligned.aligned_batch_hidden`),
        head + KL a chunk of rows at a time (`spd.train.trainer.head_kl`), fused AdamW
 
+Every teacher runs in the machine's batched dtype (`spd.train.precision`): bf16 on a CPU with bf16
+units, as the former self-generation did; fp32 on one without (there bf16 is emulated, ~8x slower).
 Both sides run in this one process, on the same prompts, at the same thread count.
 
     spd bench train_throughput [--prompts 256] [--max-new 256] [--threads 2]
@@ -41,6 +43,7 @@ from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.train.batch_decode import BatchDecoder
 from spd.train.memory import keep_freed_memory
 from spd.train.online import OnlineTeacher
+from spd.train.precision import batched_dtype, cpu_flags
 from spd.train.selfgen import selfgen_jobs
 from spd.train.teacher import TOP_K, ShardWriter, HookCapture, cache_layers, load_hf, record_teacher
 from spd.train.trainer import batch_loss, loss_rows, target_to_draft
@@ -167,12 +170,11 @@ def trainer(config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int 
 
 
 def machine() -> dict:
-    """What bounds the teacher here: the CPU's bf16 matrix units, the bf16 GEMM rate they reach (a
+    """What bounds the teacher here: the CPU's bf16 matrix units, the GEMM rate in the batched dtype (a
     target token costs 2 x params FLOPs) and the memory read rate (a decode step reads every row's
     K and V)."""
-    flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("flags")), [])
-    x, w = torch.randn(2048, 576, dtype=torch.bfloat16), torch.randn(1536, 576, dtype=torch.bfloat16)
+    flags, dtype = cpu_flags(), batched_dtype("cpu")
+    x, w = torch.randn(2048, 576, dtype=dtype), torch.randn(1536, 576, dtype=dtype)
     torch.nn.functional.linear(x, w)
     t0 = time.perf_counter()
     for _ in range(20):
@@ -184,7 +186,8 @@ def machine() -> dict:
     for _ in range(5):
         big.sum()
     read = 5 * big.numel() * 2 / (time.perf_counter() - t0) / 1e9
-    return {"amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags, "bf16_gemm_gflops": round(gflops),
+    return {"amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags, "dtype": str(dtype).split(".")[1],
+            "gemm_gflops": round(gflops),
             "read_gb_s": round(read, 1)}
 
 
@@ -192,9 +195,9 @@ def teacher_ceiling(cpu: dict, config, params: int, mean_prompt: float, mean_res
     """Response tokens / s if every matmul ran at the GEMM rate and decode attention read only each
     row's real K and V at the read rate (no padding, no overhead): per response token, its share of
     the prompt's prefill, one decode step's matmuls, and the K/V of a context of prompt + resp/2."""
-    flop_s = 2 * params / (cpu["bf16_gemm_gflops"] * 1e9)  # one token through the target
+    flop_s = 2 * params / (cpu["gemm_gflops"] * 1e9)  # one token through the target
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2  # K and V, bf16, per position
+    kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * batched_dtype("cpu").itemsize  # K and V per position
     read_s = kv_bytes * (mean_prompt + mean_resp / 2) / (cpu["read_gb_s"] * 1e9)
     return 1 / (flop_s * mean_prompt / mean_resp + flop_s + read_s)
 
@@ -222,10 +225,10 @@ def main(argv=None) -> int:
     two_pass, feats = teacher_ids_prefill(model_dir, prompts, args.max_new, eos, layers, args.batch)
     seqs = feats[:: max(1, len(feats) // args.train_seqs)][: args.train_seqs]  # every length (the prompts are sorted)
     t_old = trainer(config, seqs, layers, "float32", True, passes=args.train_passes)
-    t_new = trainer(config, seqs, layers, "bfloat16", False, passes=args.train_passes)
+    t_new = trainer(config, seqs, layers, str(batched_dtype("cpu")).split(".")[1], False, passes=args.train_passes)
     params = sum(p.numel() for p in load_hf(model_dir).parameters())
     cpu = {**machine(), "target_params": params}
-    cpu["prefill_ceiling_tok_s"] = round(cpu["bf16_gemm_gflops"] * 1e9 / (2 * params))
+    cpu["prefill_ceiling_tok_s"] = round(cpu["gemm_gflops"] * 1e9 / (2 * params))
     mean_prompt = sum(map(len, prompts)) / len(prompts)
     cpu["teacher_ceiling_tok_s"] = round(teacher_ceiling(cpu, config, params, mean_prompt, new["tokens"] / len(prompts)))
     result = {"threads": args.threads, "machine": cpu, "prompts": len(prompts), "mean_prompt": mean_prompt,
@@ -242,7 +245,7 @@ def main(argv=None) -> int:
          f"| trainer (positions / s) | {t_old['positions_per_s']:.0f} | {t_new['positions_per_s']:.0f} | "
          f"{result['trainer']['speedup']:.2f} |\n\n"
          f"{len(prompts)} prompts (mean {result['mean_prompt']:.0f} tokens), responses <= {args.max_new}; "
-         f"{args.threads} threads; AMX {'yes' if cpu['amx_bf16'] else 'no'}, bf16 GEMM {cpu['bf16_gemm_gflops']} GFLOPS: "
+         f"{args.threads} threads; AMX {'yes' if cpu['amx_bf16'] else 'no'}, teachers in {cpu['dtype']}, GEMM {cpu['gemm_gflops']} GFLOPS: "
          f"a target pass at most ~{cpu['prefill_ceiling_tok_s']} tokens/s; memory read {cpu['read_gb_s']} GB/s.\n\n"
          f"Teacher ceiling on this machine (every matmul at that GEMM rate, decode attention reading only the real K/V "
          f"at that read rate, no padding, no overhead): ~{cpu['teacher_ceiling_tok_s']} tokens/s = "

@@ -3,9 +3,11 @@ directory, none overwrites another's, and a resume sees every rank's finished jo
 
 from __future__ import annotations
 
+import numpy as np
+
 from spd.train.selfgen import IdStore
 
-META = {"fingerprint": "f", "model": "tiny"}
+META = {"fingerprint": "f", "model": "tiny", "dtype": "torch.float32"}
 
 
 def test_ranks_write_their_own_parts_side_by_side_and_resume_sees_all_jobs(tmp_path):
@@ -30,3 +32,12 @@ def test_one_process_keeps_the_plain_part_names(tmp_path):
     store.add(1, [7])
     store.flush()
     assert [p.name for p in store.parts()] == ["part_00000.npz", "part_00001.npz"] and store.tokens() == 3
+
+
+def test_each_part_records_the_dtype_it_was_generated_in(tmp_path):
+    IdStore(tmp_path, META, 128).flush()  # meta.json keeps the first run's settings
+    store = IdStore(tmp_path, {**META, "dtype": "torch.bfloat16"}, 128)  # a resume on other hardware
+    store.add(0, [5])
+    store.flush()
+    assert store.meta["dtype"] == "torch.float32"
+    assert str(np.load(store.parts()[0])["dtype"]) == "torch.bfloat16"

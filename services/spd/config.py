@@ -55,7 +55,7 @@ class LoopConfig:
     max_seconds: float = 0.0  # stop (checkpointed, resumable) after this wall time (0 = none)
     progress: bool = True  # progress bar (--no-progress: logs only)
     device: str = "cpu"  # torch device of the draft (cuda for the GPU recipe)
-    amp: str = "bfloat16"  # autocast dtype of the forward, bfloat16 | float32 (master weights stay fp32)
+    amp: str = "auto"  # autocast dtype of the forward: auto (bf16 where the device has bf16 units, spd.train.precision) | bfloat16 | float32 (master weights stay fp32)
     notes: dict = field(default_factory=dict)  # extra provenance written into the export
 
 

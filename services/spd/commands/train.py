@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
                    help="pdm (design §7) | eagle3: the EAGLE-3-style baseline draft (design §9, spd.eagle); "
                    "the eagle3 defaults differ: --lr 1.5e-3 --vocab 16384 --out runs/eagle3")
     add_flags(p, TrainConfig, skip=("notes", "p_full"), aliases={"eval_every_s": "--eval-every", "ckpt_every_s": "--ckpt-every"},
-              choices={"schedule": SCHEDULES, "amp": ("bfloat16", "float32")})
+              choices={"schedule": SCHEDULES, "amp": ("auto", "bfloat16", "float32")})
     add_flags(p, EagleTrainConfig, only=("feature_layers", "ttt"))
     p.add_argument("--with", dest="students", action=_With, default=[], metavar="'FLAG=VALUE ...'",
                    help="one more student trained in this run on the same teacher pass: the main flags with these "

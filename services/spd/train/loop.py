@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable, Protocol
 import torch
 
 from spd.config import SHARED, LoopConfig
+from spd.train.precision import amp_dtype
 from spd.train.ranks import Ranks
 from spd.train.memory import keep_freed_memory
 
@@ -313,8 +314,8 @@ class _Loop:
             self.evaluate()
         self.bar = tqdm(total=self.budget, initial=self.run.seen, unit="tok", disable=not (cfg.progress and self.ranks.main),
                         dynamic_ncols=True, mininterval=5, desc=cfg.out, position=self.line)
-        self.autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.amp),
-                                       enabled=cfg.amp != "float32")
+        amp = amp_dtype(cfg.amp, cfg.device)
+        self.autocast = torch.autocast(torch.device(cfg.device).type, dtype=amp, enabled=amp != torch.float32)
         self.last_eval = self.t_run = time.perf_counter()
         self.student.module.train()
         self.opt.zero_grad(set_to_none=True)

@@ -26,11 +26,12 @@ from spd.train.teacher import cache_layers, load_hf, sequence_dict, top_k_probs
 
 
 class OnlineTeacher:
-    """The target in bf16; `features(batch)` -> cache-style dicts (anchors from its hidden states)."""
+    """The target in the device's batched dtype (or `dtype`); `features(batch)` -> cache-style dicts
+    (anchors from its hidden states)."""
 
-    def __init__(self, model_dir: Path, layers: list[int], dtype=torch.bfloat16, device: str = "cpu",
+    def __init__(self, model_dir: Path, layers: list[int], dtype: torch.dtype | None = None, device: str = "cpu",
                  batch_tokens: int = 0):
-        self.model = load_hf(model_dir, dtype).to(device)
+        self.model = load_hf(model_dir, dtype, device)
         # padded tokens per forward: on a CPU ~2k keeps each activation in cache (faster than 8k here)
         self.layers, self.device = layers, device
         self.batch_tokens = batch_tokens or (2048 if device == "cpu" else 32768)

@@ -13,7 +13,8 @@ context; the oldest turns are dropped until the prompt fits), answered greedily,
 answer (T = `sample_temp`) for a deterministic `sample_frac` of them. Evaluation sets never enter:
 ShareGPT only, train split only (`spd.train.data.is_heldout`).
 
-Generation is continuous batching in bf16 (`spd.train.batch_decode`).
+Generation is continuous batching in the device's batched dtype (`spd.train.batch_decode`,
+`spd.train.precision`: bf16 where the hardware has it).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class IdStore:
         else:
             mpath.write_text(json.dumps(meta, indent=2))
         self.meta = json.loads(mpath.read_text())
+        self.compute = meta.get("dtype", "")  # this run's compute dtype, written into each part it writes
         self._buf: list[tuple[int, list[int]]] = []
 
     def parts(self) -> list[Path]:
@@ -157,7 +159,7 @@ class IdStore:
         tmp = self.root / f".{name}.tmp.npz"
         np.savez_compressed(tmp, resp=np.concatenate([np.asarray(r, self.dtype) for _, r in self._buf]),
                             offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-                            job=np.asarray([j for j, _ in self._buf], np.int32))
+                            job=np.asarray([j for j, _ in self._buf], np.int32), dtype=np.asarray(self.compute))
         os.replace(tmp, self.root / f"{name}.npz")
         self._buf = []
 
@@ -170,7 +172,7 @@ class IdStore:
 
 def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
                  max_prompt: int = 384, limit_tokens: int = 0, part_tokens: int = 200_000, seed: int = 0,
-                 dtype=torch.bfloat16, device: str = "cpu", progress: bool = True, rank: int = 0,
+                 dtype: torch.dtype | None = None, device: str = "cpu", progress: bool = True, rank: int = 0,
                  world: int = 1, stop: threading.Event | None = None) -> IdStore:
     """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens, and
     what it has when `stop` is set (at the next finished response).
@@ -183,9 +185,9 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
 
     tok = load_tokenizer(model_dir)
     jobs = selfgen_jobs(tok, split, max_prompt, seed=seed)
-    model = load_hf(model_dir, dtype).to(device)
+    model = load_hf(model_dir, dtype, device)
     meta = {"model": Path(model_dir).name, "split": split, "jobs": len(jobs), "fingerprint": fingerprint(jobs),
-            "max_new": max_new, "max_prompt": max_prompt, "seed": seed, "dtype": str(dtype),
+            "max_new": max_new, "max_prompt": max_prompt, "seed": seed, "dtype": str(model.dtype),
             "sample_frac": 0.25, "sample_temp": 0.7}
     store = IdStore(out, meta, model.config.vocab_size, rank, world)
     done = store.done()

@@ -36,6 +36,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from spd.train.precision import batched_dtype
+
 from spd.core.split import default_anchors, uniform_split
 from spd.models.loading import cache_dir
 
@@ -144,11 +146,14 @@ class ShardWriter:
         self._buf, self._buf_tokens = [], 0
 
 
-def load_hf(model_dir: Path, dtype=torch.bfloat16):
+def load_hf(model_dir, dtype=None, device="cpu"):
+    """The target for batched teacher work on `device`, in `dtype` (default: the device's batched
+    dtype, spd.train.precision)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
-    return model.eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or batched_dtype(device),
+                                                 attn_implementation="sdpa")
+    return model.to(device).eval()
 
 
 class HookCapture:
@@ -188,23 +193,23 @@ class HookCapture:
 
 def record_teacher(model_dir: Path, prompts: list[list[int]], out: Path, batch: int = 128, max_new: int = 256,
                    temperature: float = 0.0, eos_id: int = 2, limit_tokens: int | None = None,
-                   meta: dict | None = None, ns=(3, 4, 5, 6), dtype=torch.bfloat16, device="cpu") -> Path:
+                   meta: dict | None = None, ns=(3, 4, 5, 6), dtype=None, device="cpu") -> Path:
     """Self-generated data: the target's responses to `prompts` (token ids, already templated) with
     the teacher features recorded as they are generated.
 
     `batch` rows decode together and a finished row's slot takes the next prompt (no batch waits on
     its longest answer). Sequences are written as they finish, each with its prompt index, so a
-    resumed job skips exactly the prompts already written. The teacher runs in bf16 by default
-    (~4x fp32 for batched work on a CPU with bf16 matmuls); its greedy text is still the target's
-    own, rare near-tie flips aside.
+    resumed job skips exactly the prompts already written. The teacher runs in the device's batched
+    dtype by default (bf16 where the hardware has it: ~4x fp32 for batched work on a CPU with bf16
+    units); its greedy text is still the target's own, rare near-tie flips aside.
     """
     from spd.train.batch_decode import BatchDecoder
     from spd.train.recorder import FeatureRecorder
 
-    model = load_hf(model_dir, dtype).to(device)
+    model = load_hf(model_dir, dtype, device)
     layers = cache_layers(model.config.num_hidden_layers, ns)
     writer = ShardWriter(out, layers, {"source": "self-generated", "max_new": max_new, "temperature": temperature,
-                                       "dtype": str(dtype), **(meta or {})})
+                                       "dtype": str(model.dtype), **(meta or {})})
     done = writer.jobs_done()
     todo = [(i, p, temperature) for i, p in enumerate(prompts) if i not in done]
     clock = [time.perf_counter()]  # start of the shard being filled
@@ -230,12 +235,12 @@ def record_teacher(model_dir: Path, prompts: list[list[int]], out: Path, batch: 
 @torch.inference_mode()
 def forward_teacher(model_dir: Path, seqs: list[tuple[list[int], list[bool]]], out: Path, batch: int = 8,
                     limit_tokens: int | None = None, meta: dict | None = None, ns=(3, 4, 5, 6),
-                    dtype=torch.bfloat16, device="cpu", shard_tokens: int = 16384) -> Path:
+                    dtype=None, device="cpu", shard_tokens: int = 16384) -> Path:
     """Teacher forward over given sequences (ids, assistant mask), e.g. ShareGPT text."""
-    model = load_hf(model_dir, dtype).to(device)
+    model = load_hf(model_dir, dtype, device)
     L = model.config.num_hidden_layers
     layers = cache_layers(L, ns)
-    writer = ShardWriter(out, layers, {"source": "text", "dtype": str(dtype), **(meta or {})}, shard_tokens)
+    writer = ShardWriter(out, layers, {"source": "text", "dtype": str(model.dtype), **(meta or {})}, shard_tokens)
     cap = HookCapture(model, layers)
     head = model.lm_head
     head_hook = cap.handles[-1]  # full-sequence logits instead: compute top-k at loss positions only
