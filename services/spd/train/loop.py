@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Protocol
 import torch
 
 from spd.config import SHARED, LoopConfig
-from spd.train.precision import amp_dtype
+from spd.train.precision import resolve_dtype
 from spd.train.ranks import Ranks
 from spd.train.memory import keep_freed_memory
 
@@ -314,7 +314,7 @@ class _Loop:
             self.evaluate()
         self.bar = tqdm(total=self.budget, initial=self.run.seen, unit="tok", disable=not (cfg.progress and self.ranks.main),
                         dynamic_ncols=True, mininterval=5, desc=cfg.out, position=self.line)
-        amp = amp_dtype(cfg.amp, cfg.device)
+        amp = resolve_dtype(cfg.amp, cfg.device)
         self.autocast = torch.autocast(torch.device(cfg.device).type, dtype=amp, enabled=amp != torch.float32)
         self.last_eval = self.t_run = time.perf_counter()
         self.student.module.train()

@@ -38,6 +38,7 @@ def batched_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     return torch.float32
 
 
-def amp_dtype(amp: str, device: str | torch.device = "cpu") -> torch.dtype:
-    """The trainer's autocast dtype from its setting: "auto" (the device's batched dtype) or a name."""
-    return batched_dtype(device) if amp == "auto" else getattr(torch, amp)
+def resolve_dtype(name: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """A dtype setting (the trainer's --amp, the teachers' --dtype): "auto" (the device's batched
+    dtype) or a torch dtype's name."""
+    return batched_dtype(device) if name == "auto" else getattr(torch, name)

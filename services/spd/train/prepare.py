@@ -17,6 +17,7 @@ from spd.models.loading import load_tokenizer, resolve_model
 from spd.train.data import encode_chat, load_sharegpt, prompt_ids, split_conversations
 from spd.train.teacher import forward_teacher, record_teacher, teacher_dir
 from spd.train.memory import keep_freed_memory
+from spd.train.precision import resolve_dtype
 
 
 def selfgen_prompts(tokenizer, split: str, max_prompt: int, seed: int = 0, block: int = 256) -> list[list[int]]:
@@ -57,7 +58,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-items", type=int, default=0, help="use at most this many prompts/sequences")
     p.add_argument("--tokens", type=int, default=0, help="stop after this many cached positions")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="teacher dtype (auto: bf16 where the hardware has bf16 units, spd.train.precision)")
     p.add_argument("--device", default="cpu", help="torch device of the teacher (cuda for the GPU recipe)")
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
     model_dir = resolve_model(args.model)
     tok = load_tokenizer(model_dir)
     out = teacher_dir(model_dir, args.name or f"{args.kind}-{args.split}")
-    dtype = getattr(torch, args.dtype)
+    dtype = resolve_dtype(args.dtype, args.device)
     if args.kind == "selfgen":
         prompts = selfgen_prompts(tok, args.split, args.max_prompt)
         if args.max_items:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from spd.train.memory import keep_freed_memory
+from spd.train.precision import resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--part-tokens", type=int, default=200_000, help="response tokens per part file (default 200k)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="generation dtype (auto: bf16 where the hardware has bf16 units, spd.train.precision)")
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -246,7 +249,8 @@ def main(argv=None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     store = generate_ids(resolve_model(args.model), Path(args.out), args.split, args.batch, args.max_new,
-                         args.max_prompt, args.tokens // world if args.tokens else 0, args.part_tokens, device=device,
+                         args.max_prompt, args.tokens // world if args.tokens else 0, args.part_tokens,
+                         dtype=resolve_dtype(args.dtype, device), device=device,
                          rank=rank, world=world, stop=stop)
     print(f"{store.root}: {store.tokens()} tokens in {len(store.parts())} parts")
     return 0
