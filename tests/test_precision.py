@@ -18,13 +18,13 @@ from spd.train import precision
 def test_a_cpu_uses_bf16_only_with_bf16_units(monkeypatch, flags, expected):
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
     assert precision.batched_dtype("cpu") == expected
-    assert precision.amp_dtype("auto", "cpu") == expected
+    assert precision.resolve_dtype("auto", "cpu") == expected
 
 
 def test_an_explicit_autocast_setting_is_kept(monkeypatch):
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
-    assert precision.amp_dtype("bfloat16", "cpu") == torch.bfloat16
-    assert precision.amp_dtype("float32", "cpu") == torch.float32
+    assert precision.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert precision.resolve_dtype("float32", "cpu") == torch.float32
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="CPU flags are read from Linux's /proc/cpuinfo")
