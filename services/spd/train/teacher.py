@@ -36,10 +36,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from spd.train.precision import batched_dtype
-
 from spd.core.split import default_anchors, uniform_split
 from spd.models.loading import cache_dir
+from spd.train.precision import batched_dtype
 
 log = logging.getLogger(__name__)
 
