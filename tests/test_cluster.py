@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import time
+import types
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,9 @@ from spd.core.sampling import SamplingParams
 from spd.core.scripted import ScriptedDrafter
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.ar import ar_generate
+from spd.config import ClusterConfig
 from spd.pipeline import PipelineConfig, build_local
+from spd.runtime.launcher import Cluster, CrashLoop
 from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
 from spd.runtime.health import check
@@ -182,17 +185,41 @@ def test_metrics_endpoint_counts_commits_and_flushes(shared_cluster):
     assert e.value.code == 404
 
 
-def test_launcher_gives_up_on_a_worker_that_keeps_failing_at_start(tiny_chat_model, tmp_path):
-    # more stages than the model has layers: every stage exits with an error as it starts
-    from spd.runtime.launcher import CrashLoop
-
-    layers = json.loads((tiny_chat_model / "config.json").read_text())["num_hidden_layers"]
+def test_launcher_gives_up_on_a_worker_that_keeps_failing_at_start(tmp_path):
+    # two stages of a one-layer model: both stages (and the drafter) exit with an error as they start
+    model = make_tiny_model(tmp_path / "tiny1", "llama", vocab_size=49152, num_layers=1, hidden_size=64,
+                            tokenizer_from=resolve_model(None))
     t0 = time.monotonic()
     with pytest.raises(CrashLoop, match="times in a row"):
-        with running_cluster(tmp_path, ready_s=600, n=layers + 1, model=str(tiny_chat_model), draft="random",
+        with running_cluster(tmp_path / "logs", ready_s=600, n=2, model=str(model), draft="random",
                              max_start_failures=2):
             pass
     assert time.monotonic() - t0 < 300  # gave up on the crash loop, not at the ready timeout
+
+
+def test_a_start_failure_is_an_error_exit_before_the_first_answer_however_slow(tmp_path):
+    cluster = Cluster(ClusterConfig(n=1, port=0, max_start_failures=2))
+    p = cluster.procs[0]
+    long_ago = time.monotonic() - 3600  # a start that took an hour on a loaded machine still counts
+
+    def exit_once(healthy_at, code=1):
+        p.popen, p.spawned_at, p.healthy_at = types.SimpleNamespace(returncode=code), long_ago, healthy_at
+        cluster._count_start_failure(p, time.monotonic())
+
+    try:
+        exit_once(healthy_at=None)
+        assert p.start_failures == 1
+        exit_once(healthy_at=long_ago + 1)  # it had answered once: a crash after start, not a crash loop
+        assert p.start_failures == 0
+        exit_once(healthy_at=None)
+        exit_once(healthy_at=None, code=-9)  # killed by a signal: a fault to recover from
+        assert p.start_failures == 0
+        exit_once(healthy_at=None)
+        with pytest.raises(CrashLoop, match="2 times in a row"):
+            exit_once(healthy_at=None)
+    finally:
+        p.popen = None  # nothing was spawned
+        cluster.shutdown()
 
 
 def test_a_ten_stage_pipeline_becomes_ready_and_matches_ar(tmp_path):

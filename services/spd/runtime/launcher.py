@@ -38,7 +38,6 @@ from spd import settings
 from spd.config import ClusterConfig
 
 log = logging.getLogger(__name__)
-START_WINDOW_S = 20.0  # an error exit this soon after a spawn is a start failure
 HEALTH_EVERY_S = 1.0  # how often a running process's health is checked
 
 
@@ -55,7 +54,7 @@ class Proc:
     restarts: int = 0
     next_start: float = 0.0
     spawned_at: float = 0.0  # monotonic time of the last spawn
-    start_failures: int = 0  # consecutive error exits soon after spawn (a crash loop, e.g. bad config)
+    start_failures: int = 0  # consecutive error exits before it ever answered (a crash loop, e.g. bad config)
     healthy_at: float | None = None  # monotonic time of its last good health check (None: not yet healthy)
     checked_at: float = 0.0  # monotonic time of its last health check
 
@@ -215,15 +214,16 @@ class Cluster:
             p.popen.wait(5)
 
     def _count_start_failure(self, p: Proc, now: float) -> None:
-        """An error exit (not a signal: kill -9 is a fault to recover from) within START_WINDOW_S of
-        the spawn counts; max_start_failures in a row raise CrashLoop."""
+        """An error exit (not a signal: kill -9 is a fault to recover from) before the process ever
+        answered its health check counts, however long its start took (a loaded 2-core machine can
+        take a minute to import torch); max_start_failures in a row raise CrashLoop."""
         assert p.popen is not None
         code = p.popen.returncode
-        early = code > 0 and now - p.spawned_at < START_WINDOW_S
-        p.start_failures = p.start_failures + 1 if early else 0
+        failed_at_start = code > 0 and p.healthy_at is None
+        p.start_failures = p.start_failures + 1 if failed_at_start else 0
         if p.start_failures >= self.cfg.max_start_failures:
-            raise CrashLoop(f"{p.role} exited with {code} within {START_WINDOW_S:.0f} s of starting, "
-                            f"{p.start_failures} times in a row; see its log" +
+            raise CrashLoop(f"{p.role} exited with {code} before it ever answered, {p.start_failures} times "
+                            f"in a row ({now - p.spawned_at:.0f} s after the last start); see its log" +
                             (f" in {self.cfg.log_dir}" if self.cfg.log_dir else ""))
 
     def healthy(self) -> bool:
