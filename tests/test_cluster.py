@@ -16,13 +16,13 @@ import grpc
 import pytest
 import zmq
 
+from conftest import ar_reference
 from cluster_util import address, data_plane_push, metric, running_cluster, wait_for
 from spd import settings, wire
 from spd.core.engine import SPDEngine
 from spd.core.sampling import SamplingParams
 from spd.core.scripted import ScriptedDrafter
 from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.ar import ar_generate
 from spd.config import ClusterConfig
 from spd.pipeline import PipelineConfig, build_local
 from spd.runtime.launcher import Cluster, CrashLoop
@@ -38,20 +38,13 @@ PROMPTS = ["hello there", "tell me a story"]
 MAX_TOKENS = 24
 
 
-def ar_reference(model_dir, prompt: str, max_tokens: int = MAX_TOKENS) -> list[int]:
-    local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
-    ids = encode_prompt(local.tokenizer, prompt)
-    rule = StopRule(max_tokens, eos_ids_of(local.tokenizer, local.config))
-    return ar_generate(local.stages, ids, SamplingParams(), rule).token_ids
-
-
 @pytest.mark.parametrize("n", [2, 3])
 def test_cluster_greedy_output_is_identical_to_ar_and_stream_equals_unary(tiny_chat_model, tmp_path, n):
     with running_cluster(tmp_path, n=n, model=str(tiny_chat_model), draft="random") as cluster:
         with SPDClient(address(cluster), timeout=120) as client:
             for prompt in PROMPTS:
                 unary = client.generate(prompt, max_tokens=MAX_TOKENS)
-                assert unary.token_ids == ar_reference(tiny_chat_model, prompt)
+                assert unary.token_ids == ar_reference(tiny_chat_model, prompt, MAX_TOKENS)
                 chunks = list(client.stream(prompt, max_tokens=MAX_TOKENS))
                 assert [t for c in chunks for t in c.token_ids] == unary.token_ids
                 assert "".join(c.text for c in chunks) == unary.text

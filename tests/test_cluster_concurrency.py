@@ -19,9 +19,9 @@ from spd.core.sampling import SamplingParams
 from spd.core.scripted import ScriptedDrafter
 from spd.core.stopping import StopRule, eos_ids_of
 from spd.core.target import PREFILL_CHUNK
-from spd.core.ar import ar_generate
 from spd.pipeline import PipelineConfig, build_local
 from spd.text import encode_prompt
+from conftest import ar_reference
 from spd_client import SPDClient
 
 S = 4  # --max-concurrency: slots per worker, the stages' fixed batch shape
@@ -32,15 +32,7 @@ WORK = [("hello there", 40), ("tell me a story about the sea", 64), ("why is the
 @pytest.fixture(scope="module")
 def ar(tiny_chat_model):
     """A request's output alone, in process, with the stages at the same batch shape."""
-    local = build_local(PipelineConfig(model=str(tiny_chat_model), n=1), with_drafter=False)
-    for stage in local.stages:
-        stage.rows = S
-    eos = eos_ids_of(local.tokenizer, local.config)
-
-    def run(prompt: str, max_tokens: int) -> list[int]:
-        ids = encode_prompt(local.tokenizer, prompt)
-        return ar_generate(local.stages, ids, SamplingParams(), StopRule(max_tokens, eos)).token_ids
-    return run
+    return lambda prompt, max_tokens: ar_reference(tiny_chat_model, prompt, max_tokens, rows=S)
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,8 @@ def test_estimated_alpha_matches_live_sampled_runs(tiny_dir, schedule):
     anchors = [0, 1, 3, 5]
     config, split, stages = pipeline(model_dir, 3, anchors)
     drafter = DrafterState(random_pdm(config, anchors, num_layers=1, seed=5), stages[0].embed, split)
-    stop, seeds = StopRule(24), range(40)
+    # 20 seeds × 3 prompts: the estimate-minus-live spread measured over 40 seeds is σ ≈ 0.007, so 0.03 is > 4σ
+    stop, seeds = StopRule(24), range(20)
     live_N = live_K = est_N = est_K = 0.0
     for prompt in PROMPTS:
         for seed in seeds:
@@ -49,4 +50,4 @@ def test_estimated_alpha_matches_live_sampled_runs(tiny_dir, schedule):
             est_N, est_K = est_N + est.generated_tokens, est_K + est.expected_cycles
     live_alpha, est_alpha = live_N / live_K, est_N / est_K
     assert 1 / 3 < live_alpha < 1  # mixed verdicts: the comparison means something
-    assert est_alpha == pytest.approx(live_alpha, abs=0.04)
+    assert est_alpha == pytest.approx(live_alpha, abs=0.03)

@@ -49,6 +49,13 @@ def test_default_limits():
     assert validate(req(prompt="x")).max_tokens == 256
 
 
+def test_a_configured_default_max_tokens_applies_when_unset_and_must_fit_the_limit():
+    assert validate(req(prompt="x"), Limits(default_max_tokens=4)).max_tokens == 4
+    for bad in (0, 4097):
+        with pytest.raises(ValueError, match="must be in 1..4096"):
+            Limits(default_max_tokens=bad)
+
+
 @pytest.mark.parametrize("fields, says", [
     ({}, "exactly one of prompt and messages"),
     ({"prompt": "hi", "messages": [("user", "hi")]}, "exactly one of prompt and messages"),

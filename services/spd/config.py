@@ -153,6 +153,7 @@ class OrchestratorConfig:
     queue_size: int = settings.QUEUE_SIZE  # requests waiting for a slot; one more is RESOURCE_EXHAUSTED
     max_concurrency: int = 1  # requests decoding at once (the workers' --max-concurrency must match)
     max_tokens: int = 4096  # largest max_tokens a request may ask for
+    default_max_tokens: int = 256  # max_tokens of a request that leaves it unset (at most --max-tokens)
     worker_wait_s: float = settings.WORKER_WAIT_S  # seconds a request waits for a missing stage before UNAVAILABLE
     tls_cert: str | None = None  # PEM certificate: serve the API over TLS (with tls_key)
     tls_key: str | None = None  # PEM private key for --tls-cert

@@ -7,11 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spd.core.sampling import SamplingParams  # noqa: E402
-from spd.core.stopping import StopRule, eos_ids_of  # noqa: E402
-from spd.core.ar import ar_generate  # noqa: E402
-from spd.pipeline import PipelineConfig, build_local  # noqa: E402
-from spd.text import encode_prompt  # noqa: E402
+from conftest import ar_reference  # noqa: E402  (tests/conftest.py)
 
 PROMPT = "tell me a long story about a lighthouse"
 N, MAX_TOKENS = 3, 160
@@ -19,6 +15,4 @@ N, MAX_TOKENS = 3, 160
 
 @pytest.fixture(scope="module")
 def expected(tiny_chat_model):
-    local = build_local(PipelineConfig(model=str(tiny_chat_model), n=1), with_drafter=False)
-    rule = StopRule(MAX_TOKENS, eos_ids_of(local.tokenizer, local.config))
-    return ar_generate(local.stages, encode_prompt(local.tokenizer, PROMPT), SamplingParams(), rule).token_ids
+    return ar_reference(tiny_chat_model, PROMPT, MAX_TOKENS)

@@ -15,12 +15,9 @@ import time
 
 import pytest
 from cluster_util import address, pid_of, running_cluster, supervised, wait_for
+from conftest import ar_reference
 from spd.core.sampling import SamplingParams
-from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.ar import ar_generate
-from spd.pipeline import PipelineConfig, build_local
 from spd.runtime.health import check
-from spd.text import encode_prompt
 from spd_client import SPDClient
 
 from .conftest import MAX_TOKENS, PROMPT, N
@@ -119,10 +116,8 @@ def test_kill_the_orchestrator_the_sdk_retries_and_gets_the_identical_output(clu
 def test_sampled_gumbel_coupled_stream_survives_a_stage_kill_identically(cluster, tiny_chat_model):
     # With Gumbel coupling every committed token is a fixed function of (p, seed, position), so
     # the continuation after a recovery is the fault-free one (and equals plain AR sampling).
-    local = build_local(PipelineConfig(model=str(tiny_chat_model), n=1), with_drafter=False)
     params = SamplingParams(temperature=1.0, top_k=50, seed=11, coupling="gumbel")
-    rule = StopRule(MAX_TOKENS, eos_ids_of(local.tokenizer, local.config))
-    want = ar_generate(local.stages, encode_prompt(local.tokenizer, PROMPT), params, rule).token_ids
+    want = ar_reference(tiny_chat_model, PROMPT, MAX_TOKENS, params)
     tokens = []
     with SPDClient(address(cluster), timeout=180) as client:
         for i, chunk in enumerate(client.stream(PROMPT, max_tokens=MAX_TOKENS, temperature=1.0, top_k=50, seed=11,

@@ -13,16 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_util import address, pid_of, running_cluster
-from spd.core.sampling import SamplingParams
-from spd.core.stopping import StopRule, eos_ids_of
-from spd.core.ar import ar_generate
-from spd.pipeline import PipelineConfig, build_local
+from conftest import ar_reference
 from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
 from spd.runtime.health import check
-from spd.text import encode_prompt
 from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
+FUZZ_EXAMPLES = 1000  # derandomized: the same 1000 requests every run
 OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
@@ -30,12 +27,6 @@ OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCod
 def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("load") / "tiny", "llama", vocab_size=49152, num_layers=4,
                            hidden_size=64, tokenizer_from=resolve_model(None), init_std=0.5)
-
-
-def _ar(model_dir, prompt, max_tokens):
-    local = build_local(PipelineConfig(model=str(model_dir), n=1), with_drafter=False)
-    rule = StopRule(max_tokens, eos_ids_of(local.tokenizer, local.config))
-    return ar_generate(local.stages, encode_prompt(local.tokenizer, prompt), SamplingParams(), rule).token_ids
 
 
 requests = st.builds(
@@ -56,12 +47,14 @@ requests = st.builds(
 
 
 def test_a_thousand_fuzzed_requests_get_proper_status_codes_and_nothing_dies(model_dir, tmp_path):
-    with running_cluster(tmp_path, n=2, model=str(model_dir), draft="random") as cluster:
+    # an unset max_tokens means 4 here (not 256): valid generations stay short
+    with running_cluster(tmp_path, n=2, model=str(model_dir), draft="random",
+                         extra_orchestrator_args=["--default-max-tokens", "4"]) as cluster:
         channel = grpc.insecure_channel(address(cluster))
         stub = spd_pb2_grpc.SPDStub(channel)
         seen = {}
 
-        @settings(max_examples=1000, deadline=None, derandomize=True, database=None,
+        @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(requests)
         def fuzz(req):
@@ -79,16 +72,16 @@ def test_a_thousand_fuzzed_requests_get_proper_status_codes_and_nothing_dies(mod
             fuzz()
         finally:
             channel.close()
-        assert sum(seen.values()) >= 1000 and seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > 0
+        assert sum(seen.values()) >= FUZZ_EXAMPLES and seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > 0
         assert all(p.popen.poll() is None for p in cluster.procs) and all(check(p.health) for p in cluster.procs)
         with grpc.insecure_channel(address(cluster)) as ch:
             ok = spd_pb2_grpc.SPDStub(ch).Generate(spd_pb2.GenerateRequest(prompt="hello", max_tokens=6), timeout=60)
-        assert list(ok.token_ids) == _ar(model_dir, "hello", 6)
+        assert list(ok.token_ids) == ar_reference(model_dir, "hello", 6)
 
 
 def test_32_concurrent_clients_each_get_their_correct_answer(model_dir, tmp_path):
     prompts = [f"question number {i}" for i in range(32)]
-    expected = {p: _ar(model_dir, p, 12) for p in prompts}
+    expected = {p: ar_reference(model_dir, p, 12) for p in prompts}
     with running_cluster(tmp_path, n=2, model=str(model_dir), draft="random", queue_size=32) as cluster:
         def call(prompt):
             with grpc.insecure_channel(address(cluster)) as ch:

@@ -25,6 +25,10 @@ class Limits:
     max_prompt_chars: int = 200_000  # prompt length, or all message contents together
     max_messages: int = 1024  # messages per conversation
 
+    def __post_init__(self):
+        if not 1 <= self.default_max_tokens <= self.max_tokens:
+            raise ValueError(f"default max_tokens {self.default_max_tokens} must be in 1..{self.max_tokens} (the largest allowed)")
+
 
 @dataclass(frozen=True)
 class ValidRequest:

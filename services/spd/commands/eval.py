@@ -5,7 +5,7 @@ Phases (default: all, in this order), each writing under --out:
   accept  per-set acceptance, EAGLE-3 live runs       -> accept_<set>.json (sets can run in parallel)
   check   sampled estimate vs live SPD engine         -> check.json
   report  metrics, markdown and plots                 -> metrics.json, report.md, *.png
-`--quick` = 2 prompts per set, 32 tokens, few repetitions: minutes, for a smoke check.
+`--quick` = 1 prompt per set, 16 tokens, few repetitions: minutes, for a smoke check.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ PHASES = ("costs", "accept", "check", "report")
 
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate SPD vs PPSD vs EAGLE-3 on MT-Bench / GSM8K / HumanEval")
-    p.add_argument("--quick", action="store_true", help="2 prompts per set, 32 tokens: a few minutes")
+    p.add_argument("--quick", action="store_true", help="1 prompt per set, 16 tokens: a few minutes")
     p.add_argument("--phase", default="all", help=f"comma-separated subset of {PHASES} (default all)")
     p.add_argument("--sets", default="mtbench,gsm8k,humaneval",
                    help="prompt sets; add mtbench2 for MT-Bench second turns (after the target's own first answer)")
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from spd.eval.methods import available, default_methods
 
     if args.quick:
-        args.prompts, args.max_tokens, args.sims = 2, 32, 50
+        args.prompts, args.max_tokens, args.sims = 1, 16, 50
     phases = PHASES if args.phase == "all" else tuple(args.phase.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         spd = next((m for m in methods if m.kind == "spd" and m.draft == "shipped"), None) or \
             next((m for m in methods if m.kind == "spd"), None)
         if spd is not None:
-            q: dict[str, int] = dict(prompts=1, seeds=2, max_tokens=24) if args.quick else {}
+            q: dict[str, int] = dict(prompts=1, seeds=2, max_tokens=args.max_tokens) if args.quick else {}
             (out / "check.json").write_text(json.dumps(check_sampled(h, spd, "mtbench", **q), indent=1))
     if "report" in phases:
         check = json.loads((out / "check.json").read_text()) if (out / "check.json").exists() else None

@@ -40,7 +40,10 @@ def serve(cfg: OrchestratorConfig) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.queue_size + cfg.max_concurrency + 8), interceptors=interceptors,
                          options=[("grpc.max_receive_message_length", 4 << 20),
                                   ("grpc.so_reuseport", 0)])  # a second server on this port fails, not shares it
-    limits = Limits(max_tokens=cfg.max_tokens)
+    try:
+        limits = Limits(max_tokens=cfg.max_tokens, default_max_tokens=cfg.default_max_tokens)
+    except ValueError as e:
+        raise SystemExit(f"spd orchestrator: {e}") from None
     info = spd_pb2.Info(model=model_dir.name, n=cfg.topology.n, context_length=config.max_position_embeddings,
                         max_tokens=limits.max_tokens, default_max_tokens=limits.default_max_tokens,
                         queue_size=cfg.queue_size, max_concurrency=cfg.max_concurrency, schedule=cfg.schedule,
