@@ -34,6 +34,8 @@ from spd.text import encode_prompt
 from spd_client import SPDClient
 from spd_client.client import SPDError
 
+pytestmark = pytest.mark.processes  # starts worker processes: runs serially (scripts/test.sh)
+
 PROMPTS = ["hello there", "tell me a story"]
 MAX_TOKENS = 24
 

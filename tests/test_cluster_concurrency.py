@@ -24,6 +24,8 @@ from spd.text import encode_prompt
 from conftest import ar_reference
 from spd_client import SPDClient
 
+pytestmark = pytest.mark.processes  # starts worker processes: runs serially (scripts/test.sh)
+
 S = 4  # --max-concurrency: slots per worker, the stages' fixed batch shape
 WORK = [("hello there", 40), ("tell me a story about the sea", 64), ("why is the sky blue?", 24),
         ("write a haiku about rain", 52)]

@@ -17,6 +17,8 @@ from cluster_util import address, metric, pid_of, rss_mb, running_cluster, super
 from spd.runtime.topology import free_ports
 from spd_client import SPDClient
 
+pytestmark = pytest.mark.processes  # starts worker processes: runs serially (scripts/test.sh)
+
 PROMPTS = ["What is the capital of France?", "Give me three tips for writing clean code."]
 S = 4  # the cluster's max concurrency: its stages run every single-token forward at S rows
 

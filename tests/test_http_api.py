@@ -14,6 +14,8 @@ from spd.models.loading import resolve_model
 from spd.models.tiny import make_tiny_model
 from spd_client import SPDClient
 
+pytestmark = pytest.mark.processes  # starts worker processes: runs serially (scripts/test.sh)
+
 TOKEN = "sekrit"
 NAME = "tiny-chat"
 

@@ -144,6 +144,7 @@ def chaos_model(tmp_path_factory):
                            hidden_size=64, tokenizer_from=resolve_model(None), init_std=0.5)
 
 
+@pytest.mark.processes  # a real local pipeline: runs serially (scripts/test.sh)
 def test_chaos_deletes_a_stage_pod_mid_stream_and_reports_a_completed_identical_stream(stub, chaos_model, tmp_path):
     """The real chaos command, the real client library, a real local pipeline (`spd up`'s Cluster)
     and a real fault: the stub API server kills the stage process that the deleted pod stands for

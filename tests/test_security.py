@@ -17,6 +17,8 @@ from spd.runtime.topology import free_ports, local_topology
 from spd_client import SPDClient
 from spd_client.client import SPDError
 
+pytestmark = pytest.mark.processes  # starts worker processes: runs serially (scripts/test.sh)
+
 
 def test_with_a_token_calls_without_it_are_unauthenticated_and_health_stays_open(tmp_path):
     model = make_tiny_model(tmp_path / "tiny", "llama", vocab_size=49152, num_layers=2, hidden_size=64,

@@ -22,6 +22,8 @@ from spd_client import SPDClient
 
 from .conftest import MAX_TOKENS, PROMPT, N
 
+pytestmark = pytest.mark.processes  # starts worker processes: runs serially (scripts/test.sh)
+
 
 @pytest.fixture(scope="module")
 def cluster(tiny_chat_model, tmp_path_factory):

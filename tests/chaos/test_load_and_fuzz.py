@@ -19,6 +19,8 @@ from spd.models.tiny import make_tiny_model
 from spd.runtime.health import check
 from spd_client.v1 import spd_pb2, spd_pb2_grpc
 
+pytestmark = pytest.mark.processes  # starts worker processes: runs serially (scripts/test.sh)
+
 FUZZ_EXAMPLES = 1000  # derandomized: the same 1000 requests every run
 OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
