@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
 from spd import settings
+from spd.api.validation import Limits
 from spd.runtime.topology import Topology
 
 
@@ -152,8 +153,8 @@ class OrchestratorConfig:
     schedule: str = "pre"  # staircase schedule: pre | post
     queue_size: int = settings.QUEUE_SIZE  # requests waiting for a slot; one more is RESOURCE_EXHAUSTED
     max_concurrency: int = 1  # requests decoding at once (the workers' --max-concurrency must match)
-    max_tokens: int = 4096  # largest max_tokens a request may ask for
-    default_max_tokens: int = 256  # max_tokens of a request that leaves it unset (at most --max-tokens)
+    max_tokens: int = Limits.max_tokens  # largest max_tokens a request may ask for
+    default_max_tokens: int = Limits.default_max_tokens  # max_tokens of a request that leaves it unset (at most --max-tokens)
     worker_wait_s: float = settings.WORKER_WAIT_S  # seconds a request waits for a missing stage before UNAVAILABLE
     tls_cert: str | None = None  # PEM certificate: serve the API over TLS (with tls_key)
     tls_key: str | None = None  # PEM private key for --tls-cert
