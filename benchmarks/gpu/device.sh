@@ -2,9 +2,11 @@
 # The device side of a GPU run (staged by benchmarks/gpu/kit.py; see its docstring).
 #   bash benchmarks/gpu/device.sh stash   call 1: park what it carried in .device-keep/ (kept between calls)
 #   bash benchmarks/gpu/device.sh run     call 2: rebuild the GGUF, self-generate ids for GEN_S seconds,
-#                                         train the PDM on all ids (online teacher features), pack $OUT
-# Settings (environment): DEVICE (cuda), GEN_S (240), GEN_BATCH (256), GEN_MAX_NEW (256), TRAIN_TOKENS (0 = one pass over
-# every id), TRAIN_S (240, a safety stop), THREADS (8), PYTHONPATH_EXTRA (the dry run's blocked zmq).
+#                                         train the PDM on all ids (online teacher features), pack $OUT:
+#                                         ids.tar, train.log, the PDM in 15 MB pieces, its config and history
+# Settings (environment): DEVICE (cuda), GEN_S (180: every job left is ~3.7M tokens), GEN_BATCH (1024), GEN_MAX_NEW (256),
+# TRAIN_TOKENS (0 = one pass over every id), FIT_S (200: the budget and schedule fitted to this much training,
+# --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), THREADS (8), PYTHONPATH_EXTRA (the dry run's blocked zmq).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KEEP=.device-keep
@@ -31,20 +33,23 @@ run() {
   export SPD_CACHE=$PWD/$KEEP/spd-cache
   python -c "from spd.models.loading import resolve_model; print(resolve_model(None))"
   local before; before=$(ls $IDS/part_*.npz | wc -l)
-  log "self-generating for ${GEN_S:-240} s on $dev"
+  log "self-generating for at most ${GEN_S:-180} s on $dev"
   local rc=0
-  timeout -k 60 "${GEN_S:-240}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-256}" \
+  timeout -k 60 "${GEN_S:-180}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-1024}" \
     --max-new "${GEN_MAX_NEW:-256}" --threads "${THREADS:-8}" --out $IDS || rc=$?
-  [ $rc -eq 0 ] || [ $rc -eq 124 ] || { log "self-generation failed ($rc)"; exit $rc; }  # 124: the time is up (TERM: it wrote what it had)
+  # 124: the time is up (TERM: it wrote what it had); a failure still leaves the ids there were to train on
+  [ $rc -eq 0 ] || [ $rc -eq 124 ] || log "self-generation failed ($rc): training on the ids there are"
+  ls $IDS/part_*.npz | tail -n +$((before + 1)) | tar -cf "$out/ids.tar" --transform 's|.*/||' -T -  # back even if training fails
   log "training on $dev"
-  python -m spd.commands.train --device "$dev" --n 5 --ls 1 --lr 1.5e-3 --vocab 16384 --batch-tokens 1024 \
-    --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
-    --eval-every 60 --ckpt-every 60 --threads "${THREADS:-8}" --max-seconds "${TRAIN_S:-240}" --no-progress \
-    --out runs/gpu 2>&1 | tail -40
+  local fit=${FIT_S:-200}
+  python -m spd.commands.train --device "$dev" --n 5 --ls 1 --prev --fill judged:0.3 --lr 2e-3 --vocab 16384 \
+    --batch-tokens 2048 --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
+    --eval-every 40 --ckpt-every 60 --threads "${THREADS:-8}" --fit-seconds "$fit" --max-seconds "${TRAIN_S:-$((fit + 40))}" \
+    --no-progress --out runs/gpu > "$out/train.log" 2>&1 || { tail -40 "$out/train.log"; exit 1; }
+  grep -E "\[fit\]|\[eval\]|done:" "$out/train.log" | tail -20
   split -b 15M -d runs/gpu/pdm/pdm.safetensors "$out/pdm.safetensors."
   cp runs/gpu/pdm/config.json "$out/pdm-config.json"
   cp runs/gpu/history.jsonl "$out/history.jsonl"
-  ls $IDS/part_*.npz | tail -n +$((before + 1)) | tar -cf "$out/ids.tar" --transform 's|.*/||' -T -
   log "done: $(ls "$out" | tr '\n' ' ')"
 }
 

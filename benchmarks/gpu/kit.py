@@ -170,7 +170,7 @@ def dryrun() -> None:
     (blocked / "__init__.py").write_text('raise ImportError("no pyzmq on the device")\n')
     out = stage / "OUT"
     out.mkdir()
-    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "GEN_S": "90", "TRAIN_TOKENS": "4000", "TRAIN_S": "300",
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "GEN_S": "60", "TRAIN_TOKENS": "4000", "FIT_S": "120",
            "GEN_BATCH": "16", "GEN_MAX_NEW": "24", "THREADS": "2", "PYTHONPATH_EXTRA": str(blocked.parent)}
     env.pop("PYTHONPATH", None)
     for carry, command in CALLS:

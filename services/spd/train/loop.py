@@ -237,8 +237,6 @@ class _Loop:
     steps when batch_tokens are pending, evaluates, and checkpoints when the run says so."""
 
     def __init__(self, cfg: LoopConfig, student: Student, s: Setup, ranks: Ranks, line: int = 0):
-        from transformers import get_linear_schedule_with_warmup
-
         self.cfg, self.student, self.held_seqs, self.ranks, self.line = cfg, student, s.held_seqs, ranks, line  # line: of its progress bar
         self.saved = {"d2t": s.d2t, "vocab_info": s.vocab_info}  # what rebuilds the student's vocabulary
         state = s.state
@@ -262,14 +260,37 @@ class _Loop:
             log.info("resuming from %s at step %d (%d tokens)", self.out / "ckpt.pt", self.run.step, self.run.seen)
         for g in self.opt.param_groups:
             g["initial_lr"] = cfg.lr
-        total = max(math.ceil(self.budget / cfg.batch_tokens), cfg.warmup + 1)
-        # the schedule is a function of the step alone: rebuilt at the resumed step, never saved
-        self.sched = get_linear_schedule_with_warmup(self.opt, cfg.warmup, total, last_epoch=self.run.step - 1)
+        self.sched = self.schedule()
+        self.fitted = not cfg.fit_seconds  # --fit-seconds: the budget not fitted yet
         self.start = (self.run.epoch, self.run.shard, self.run.seq)  # the data position it has trained up to
         self.mark = self.counters()  # what a checkpoint holds: the counters as of the last optimizer step
         self.done = state is not None and self.finished()
         self.step_seqs: list[dict] = []  # this rank's sequences of the coming step: one loss call when it is due
         self.rows_s, self.kl_s, self.hits_s = 0, 0.0, 0  # since the last optimizer step, for the logs
+
+    def schedule(self):
+        """Warm-up, then linear decay to 0 at the budget: a function of the step alone, rebuilt at the
+        resumed step (or a fitted budget), never saved."""
+        from transformers import get_linear_schedule_with_warmup
+
+        total = max(math.ceil(self.budget / self.cfg.batch_tokens), self.cfg.warmup + 1)
+        return get_linear_schedule_with_warmup(self.opt, self.cfg.warmup, total, last_epoch=self.run.step - 1)
+
+    def fit_budget(self) -> None:
+        """--fit-seconds: once a tenth of the time has run, the budget the measured pace reaches in
+        the whole time (a cold start counted in: it errs short), and the schedule that ends there."""
+        run, fit = self.run, self.cfg.fit_seconds
+        if self.fitted or not self.ranks.agree(0, run.elapsed >= fit / 10)[1][0]:  # the ranks decide together
+            return
+        self.fitted = True
+        elapsed = max(self.ranks.gather(run.elapsed))  # the slowest rank's pace (run.seen counts every rank's)
+        reach = int(run.seen / elapsed * fit)
+        if reach < self.budget:
+            self.budget = max(reach, run.seen + 1)
+            self.sched = self.schedule()
+            self.bar.total = self.budget
+        log.info("[fit] %.0f positions/s over %.0f s: budget %d tokens for %.0f s %s", run.seen / elapsed,
+                 elapsed, self.budget, fit, self.out)
 
     def counters(self) -> dict:
         return {k: getattr(self.run, k) for k in ("seen", "pending", "shard", "seq", "epoch")}
@@ -361,6 +382,7 @@ class _Loop:
         self.rows_s, self.kl_s, self.hits_s = 0, 0.0, 0
         now = time.perf_counter()
         run.elapsed, self.t_run = run.elapsed + now - self.t_run, now
+        self.fit_budget()
         if self.ranks.main and now - self.last_eval >= cfg.eval_every_s:
             self.evaluate()
             self.last_eval = time.perf_counter()
