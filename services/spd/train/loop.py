@@ -8,7 +8,10 @@ sequence) and the step-based schedule (linear warm-up, then linear decay to 0 at
 transformers' get_linear_schedule_with_warmup) ends where the token budget does. A sequence's rows
 are counted before its forward (`Student.rows`), so the sequences of a step reach the student in
 one `loss` call when the step is due (the PDM packs them into one forward): the same gradient and
-the same accounting as one sequence at a time. AdamW runs fused (one kernel per step).
+the same accounting as one sequence at a time. AdamW runs fused (one kernel per step). With
+--fit-seconds the budget is fitted to a time instead (a short GPU lease): once a tenth of it has run,
+the budget shrinks to what the pace so far reaches in it, and the schedule is rebuilt to end there
+(a resumed run fits again).
 
 Several students train in one run (`train_plans`; `spd train --with`): one pass over the data (the
 shards, their shuffled order, the epochs, --wait: `_stream`; for self-generated ids one teacher
