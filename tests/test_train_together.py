@@ -154,6 +154,6 @@ def test_a_budget_fitted_to_the_time_ends_the_schedule_there(teacher, tmp_path):
     model_dir, cache = teacher
     train_plans(_students(model_dir, cache, tmp_path / "fit", fit_seconds=1e-9)[:1])  # the PDM
     state = torch.load(tmp_path / "fit" / "pdm" / "ckpt.pt", weights_only=False)
-    full = 3 * sum(30 for _ in range(6))  # epochs x loss positions of the cache
+    full = 3 * 6 * 30  # epochs x sequences x loss positions of the cache
     assert state["budget"] < full and state["seen"] >= state["budget"]
     assert state["step"] == 2 and state["opt"]["param_groups"][0]["lr"] == 0.0
