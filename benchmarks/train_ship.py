@@ -43,11 +43,17 @@ def _data_lines(data: dict) -> list[str]:
             f"- **Self-generated**: the target's own answers (bf16, at most {data['max_new']} new tokens) to every user "
             f"turn of the ShareGPT train split ({data['jobs']:,} jobs; earlier turns as context, oldest dropped to fit "
             f"{data['max_prompt']} prompt tokens), greedy, plus a sampled answer at T = {data['sample_temp']} for "
-            f"{data['sample_frac']:.0%} of them. Loss only on the response tokens.",
+            f"{data['sample_frac']:.0%} of them{_more_rounds(data)}. Loss only on the response tokens.",
             f"- stored as token ids in `{data['cache']}` (committed, 2 bytes a token); the teacher's features (anchor states and top-32) are recomputed by a bf16 "
             "prefill inside the training loop (`spd.train.online`).",
         ]
     return [f"- teacher cache `{data.get('cache', '?')}` ({data.get('source', '?')})"]
+
+
+def _more_rounds(data: dict) -> str:
+    """', and R more sampled answers to every prompt' where the ids have further job rounds."""
+    more = data.get("rounds", 1) - 1
+    return f", and {more} more sampled answer{'s' * (more > 1)} to every prompt" if more else ""
 
 
 def _fill_lines(fills: dict) -> list[str]:

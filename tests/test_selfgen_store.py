@@ -1,11 +1,12 @@
 """Self-generated ids on disk: under torchrun each rank writes its own parts into the shared
-directory, none overwrites another's, and a resume sees every rank's finished jobs."""
+directory, none overwrites another's, and a resume sees every rank's finished jobs; more rounds of
+jobs extend the list without renumbering what was generated."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from spd.train.selfgen import IdStore
+from spd.train.selfgen import IdStore, Job, with_rounds
 
 META = {"fingerprint": "f", "model": "tiny", "dtype": "torch.float32"}
 
@@ -41,3 +42,18 @@ def test_each_part_records_the_dtype_it_was_generated_in(tmp_path):
     store.flush()
     assert store.meta["dtype"] == "torch.float32"
     assert str(np.load(store.parts()[0])["dtype"]) == "torch.bfloat16"
+
+
+def test_more_rounds_append_one_sampled_answer_per_prompt_and_keep_every_job_number(tmp_path):
+    base = [Job((1, 2), 0.0), Job((3,), 0.0), Job((1, 2), 0.7), Job((4, 5, 6), 0.0)]
+    one, three = with_rounds(base, 1), with_rounds(base, 3, block=2)
+    assert one == base and three[:4] == base
+    for r in (1, 2):  # each further round: every distinct prompt once more, sampled
+        extra = three[4 + 3 * (r - 1):4 + 3 * r]
+        assert sorted(j.prompt for j in extra) == [(1, 2), (3,), (4, 5, 6)] and {j.temperature for j in extra} == {0.7}
+    store = IdStore(tmp_path, {**META, "rounds": 1}, 128)
+    store.add(3, [9])
+    store.flush()
+    grown = IdStore(tmp_path, {**META, "rounds": 3}, 128)  # a later run with more rounds: same ids, longer list
+    assert grown.meta["rounds"] == 3 and grown.done() == {3}
+    assert IdStore(tmp_path, {**META, "rounds": 2}, 128).meta["rounds"] == 3  # fewer rounds never shrink it

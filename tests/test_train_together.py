@@ -14,7 +14,7 @@ import torch
 
 from spd.eagle import train as eagle
 from spd.config import EagleTrainConfig, TrainConfig
-from spd.train import online, trainer
+from spd.train import online, selfgen, trainer
 from spd.train.loop import train_plans
 from spd.train.selfgen import IdStore, Job, fingerprint
 from spd.train.teacher import cache_layers, forward_teacher
@@ -103,7 +103,7 @@ def test_the_online_teacher_runs_once_per_part_for_all_students_with_all_their_l
     responses = {j: torch.randint(3, 120, (24,), generator=g).tolist() for j in range(len(jobs))}
     _selfgen_dir(tmp_path / "train", jobs, responses, parts=2)
     _selfgen_dir(tmp_path / "heldout", jobs, {0: responses[0], 1: responses[1]}, parts=1)
-    monkeypatch.setattr(online, "selfgen_jobs", lambda tokenizer, split, max_prompt, seed: jobs)  # (no ShareGPT prompts)
+    monkeypatch.setattr(selfgen, "selfgen_jobs", lambda tokenizer, split, max_prompt, seed: jobs)  # (no ShareGPT prompts)
     monkeypatch.setattr("spd.models.loading.load_tokenizer", lambda model_dir: None)  # (an id-only model)
     monkeypatch.setattr("spd.train.vocab.sharegpt_counts", _no_sharegpt)
     reads: collections.Counter = collections.Counter()  # "dir/part" -> teacher passes over it

@@ -3,8 +3,10 @@
 #   bash benchmarks/gpu/device.sh stash   call 1: park what it carried in .device-keep/ (kept between calls)
 #   bash benchmarks/gpu/device.sh run     call 2: rebuild the GGUF, self-generate ids for GEN_S seconds,
 #                                         train the PDM on all ids (online teacher features), pack $OUT:
-#                                         ids.tar, train.log, the PDM in 15 MB pieces, its config and history
-# Settings (environment): DEVICE (cuda), GEN_S (180: every job left is ~3.7M tokens), GEN_BATCH (1024), GEN_MAX_NEW (256),
+#                                         ids.tar (new parts + meta.json), train.log, the PDM in 15 MB pieces,
+#                                         its config and history
+# Settings (environment): DEVICE (cuda), GEN_S (180), GEN_ROUNDS (2: round 0's jobs left are ~3.7M tokens, round 1
+# is one more sampled answer to each of 31,673 prompts, ~6.1M: ~14M in all), GEN_BATCH (1024), GEN_MAX_NEW (256),
 # TRAIN_TOKENS (0 = one pass over every id), FIT_S (200: the budget and schedule fitted to this much training,
 # --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), THREADS (8), PYTHONPATH_EXTRA (the dry run's blocked zmq).
 set -euo pipefail
@@ -35,11 +37,12 @@ run() {
   local before; before=$(ls $IDS/part_*.npz | wc -l)
   log "self-generating for at most ${GEN_S:-180} s on $dev"
   local rc=0
-  timeout -k 60 "${GEN_S:-180}" python -m spd.train.selfgen --device "$dev" --batch "${GEN_BATCH:-1024}" \
-    --max-new "${GEN_MAX_NEW:-256}" --threads "${THREADS:-8}" --out $IDS || rc=$?
+  timeout -k 60 "${GEN_S:-180}" python -m spd.train.selfgen --device "$dev" --rounds "${GEN_ROUNDS:-2}" \
+    --batch "${GEN_BATCH:-1024}" --max-new "${GEN_MAX_NEW:-256}" --threads "${THREADS:-8}" --out $IDS || rc=$?
   # 124: the time is up (TERM: it wrote what it had); a failure still leaves the ids there were to train on
   [ $rc -eq 0 ] || [ $rc -eq 124 ] || log "self-generation failed ($rc): training on the ids there are"
-  ls $IDS/part_*.npz | tail -n +$((before + 1)) | tar -cf "$out/ids.tar" --transform 's|.*/||' -T -  # back even if training fails
+  { ls $IDS/part_*.npz | tail -n +$((before + 1)); echo $IDS/meta.json; } |
+    tar -cf "$out/ids.tar" --transform 's|.*/||' -T -  # back even if training fails; meta.json: its rounds
   log "training on $dev"
   local fit=${FIT_S:-200}
   python -m spd.commands.train --device "$dev" --n 5 --ls 1 --prev --fill judged:0.3 --lr 2e-3 --vocab 16384 \

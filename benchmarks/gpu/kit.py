@@ -12,7 +12,8 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
   calls     CALLS below: call 1 carries part-0 and the small things and parks them
             (`device.sh stash`), call 2 carries part-1 and runs (`device.sh run`)
   unpack    what came back: runs/gpu/pdm/ (the trained PDM) and the newly generated ids appended to
-            data/selfgen/<model>/train as new parts (jobs already here are dropped)
+            data/selfgen/<model>/train as new parts (jobs already here are dropped; meta.json takes
+            the run's job rounds)
   dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails and `gguf` is
             the packed copy: stash, run with tiny budgets, unpack into a scratch copy
 
@@ -127,10 +128,11 @@ def unpack(files_at: Path, root: Path = ROOT) -> None:
             f.write(p.read_bytes())
     shutil.copy(files_at / "pdm-config.json", out / "config.json")
     ids = root / IDS
-    store = IdStore(ids, json.loads((ids / "meta.json").read_text()), 49152)
-    done, added = store.done(), 0
+    added = 0
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(files_at / "ids.tar") as tar:
         tar.extractall(tmp, filter="data")
+        store = IdStore(ids, json.loads((Path(tmp) / "meta.json").read_text()), 49152)  # the run's rounds, if more
+        done = store.done()
         for part in sorted(Path(tmp).glob("part_*.npz")):
             for job, resp in IdStore.read(part):
                 if job not in done:

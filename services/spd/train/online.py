@@ -21,7 +21,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from spd.train.selfgen import IdStore, Job, fingerprint, selfgen_jobs
+from spd.train.selfgen import IdStore, Job, rebuild_jobs
 from spd.train.teacher import cache_layers, load_hf, sequence_dict, top_k_probs
 
 
@@ -90,9 +90,7 @@ class OnlineCache:
         self.meta = json.loads((self.root / "meta.json").read_text())
         self.layers = sorted(set(layers)) or cache_layers(load_config(model_dir).num_hidden_layers, ns)
         self.meta = {**self.meta, "source": "self-generated ids, features online", "layers": self.layers}
-        self.jobs: list[Job] = selfgen_jobs(tokenizer, self.meta["split"], self.meta["max_prompt"], seed=self.meta["seed"])
-        if fingerprint(self.jobs) != self.meta["fingerprint"]:
-            raise ValueError(f"{self.root}: the job list rebuilt here differs from the one it was generated from")
+        self.jobs: list[Job] = rebuild_jobs(tokenizer, self.meta, self.root)
         self.model_dir, self.device = model_dir, device
         # sequences per teacher pass in the training stream: a run that ends inside a part prefills at
         # most this many it does not use (a whole part is ~2k), and one chunk's features are in memory

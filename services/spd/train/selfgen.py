@@ -10,8 +10,11 @@ are cheap to recompute by one batched prefill. So this module produces only toke
 
 Jobs: every user turn of every training conversation (earlier turns, as ShareGPT has them, are the
 context; the oldest turns are dropped until the prompt fits), answered greedily, plus a sampled
-answer (T = `sample_temp`) for a deterministic `sample_frac` of them. Evaluation sets never enter:
-ShareGPT only, train split only (`spd.train.data.is_heldout`).
+answer (T = `SAMPLE_TEMP`) for a deterministic `SAMPLE_FRAC` of them: round 0, ~8.2M tokens for
+SmolLM2. Each further round (`--rounds`, meta.json "rounds") appends one more sampled answer to
+every prompt, ~6.6M tokens more; a list with more rounds extends one with fewer, so ids already
+generated keep their job numbers. Evaluation sets never enter: ShareGPT only, train split only
+(`spd.train.data.is_heldout`).
 
 Generation is continuous batching in the device's batched dtype (`spd.train.batch_decode`,
 `spd.train.precision`: bf16 where the hardware has it).
@@ -36,6 +39,9 @@ from spd.train.memory import keep_freed_memory
 from spd.train.precision import resolve_dtype
 
 log = logging.getLogger(__name__)
+
+SAMPLE_FRAC = 0.25  # round 0: the share of prompts that also get a sampled answer
+SAMPLE_TEMP = 0.7  # the temperature of every sampled answer
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,9 @@ def turn_prompts(tokenizer, conv, max_prompt: int) -> list[list[int]]:
     return out
 
 
-def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_frac: float = 0.25,
-                 sample_temp: float = 0.7, seed: int = 0, block: int = 1024) -> list[Job]:
-    """The fixed job list (same on every machine for the same tokenizer and settings): shuffled,
+def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_frac: float = SAMPLE_FRAC,
+                 sample_temp: float = SAMPLE_TEMP, seed: int = 0, block: int = 1024) -> list[Job]:
+    """The fixed job list of round 0 (same on every machine for the same tokenizer and settings): shuffled,
     then sorted by prompt length within blocks. Templating ~40k prompts takes a minute or two, so
     the list is cached under $SPD_CACHE/selfgen/ (callers check `fingerprint` against the data)."""
     from spd.models.loading import cache_dir
@@ -99,9 +105,33 @@ def _build_jobs(tokenizer, split, max_prompt, sample_frac, sample_temp, seed, bl
             h = int.from_bytes(hashlib.sha256(str(ids).encode()).digest()[:4], "big")
             if h % 1000 < sample_frac * 1000:
                 jobs.append(Job(tuple(ids), sample_temp))
+    return _shuffled_blocks(jobs, seed, block)
+
+
+def _shuffled_blocks(jobs: list[Job], seed: int, block: int) -> list[Job]:
+    """Shuffled, then sorted by prompt length within blocks: similar lengths side by side mean less
+    padding in each prefill and narrower decode windows."""
+    jobs = list(jobs)
     random.Random(seed).shuffle(jobs)
-    # similar lengths side by side: less padding in each prefill and narrower decode windows
     return [j for i in range(0, len(jobs), block) for j in sorted(jobs[i:i + block], key=lambda j: len(j.prompt))]
+
+
+def with_rounds(base: list[Job], rounds: int, sample_temp: float = SAMPLE_TEMP, seed: int = 0,
+                block: int = 1024) -> list[Job]:
+    """`base` (round 0), then for each round r = 1 .. rounds-1 one more sampled answer to every
+    prompt of it, in round r's own shuffled order. It only ever appends: job i is the same job
+    whatever `rounds` is, so ids generated with fewer rounds stay valid."""
+    prompts = list(dict.fromkeys(j.prompt for j in base))  # each prompt once, in list order
+    extra = [_shuffled_blocks([Job(p, sample_temp) for p in prompts], seed + r, block) for r in range(1, rounds)]
+    return base + [j for jobs in extra for j in jobs]
+
+
+def rebuild_jobs(tokenizer, meta: dict, where: Path) -> list[Job]:
+    """The job list the ids in `where` were generated from (its meta.json: `meta`), checked."""
+    base = selfgen_jobs(tokenizer, meta["split"], meta["max_prompt"], seed=meta["seed"])
+    if fingerprint(base) != meta["fingerprint"]:
+        raise ValueError(f"{where}: the job list rebuilt here differs from the one it was generated from")
+    return with_rounds(base, meta.get("rounds", 1), seed=meta["seed"])
 
 
 def fingerprint(jobs: list[Job]) -> str:
@@ -126,6 +156,8 @@ class IdStore:
             old = json.loads(mpath.read_text())
             if old["fingerprint"] != meta["fingerprint"]:
                 raise ValueError(f"{self.root} was generated for another job list ({old['fingerprint']})")
+            if meta.get("rounds", 1) > old.get("rounds", 1):  # more rounds: the job list grows at its end
+                mpath.write_text(json.dumps({**old, "rounds": meta["rounds"]}, indent=2))
         else:
             mpath.write_text(json.dumps(meta, indent=2))
         self.meta = json.loads(mpath.read_text())
@@ -174,8 +206,9 @@ class IdStore:
 def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
                  max_prompt: int = 384, limit_tokens: int = 0, part_tokens: int = 200_000, seed: int = 0,
                  dtype: torch.dtype | None = None, device: str = "cpu", progress: bool = True, rank: int = 0,
-                 world: int = 1, stop: threading.Event | None = None) -> IdStore:
-    """Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens, and
+                 world: int = 1, stop: threading.Event | None = None, rounds: int = 1) -> IdStore:
+    """The responses to the first `rounds` rounds of jobs (see the module docstring).
+    Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens, and
     what it has when `stop` is set (at the next finished response).
     Rank r of `world` generates the jobs i with i % world == r (each rank its own shard)."""
     from tqdm import tqdm
@@ -185,16 +218,17 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
     from spd.train.teacher import load_hf
 
     tok = load_tokenizer(model_dir)
-    jobs = selfgen_jobs(tok, split, max_prompt, seed=seed)
+    base = selfgen_jobs(tok, split, max_prompt, seed=seed)
+    jobs = with_rounds(base, rounds, seed=seed)
     model = load_hf(model_dir, dtype, device)
-    meta = {"model": Path(model_dir).name, "split": split, "jobs": len(jobs), "fingerprint": fingerprint(jobs),
-            "max_new": max_new, "max_prompt": max_prompt, "seed": seed, "dtype": str(model.dtype),
-            "sample_frac": 0.25, "sample_temp": 0.7}
+    meta = {"model": Path(model_dir).name, "split": split, "jobs": len(base), "fingerprint": fingerprint(base),
+            "rounds": rounds, "max_new": max_new, "max_prompt": max_prompt, "seed": seed, "dtype": str(model.dtype),
+            "sample_frac": SAMPLE_FRAC, "sample_temp": SAMPLE_TEMP}
     store = IdStore(out, meta, model.config.vocab_size, rank, world)
     done = store.done()
     todo = [(i, j) for i, j in enumerate(jobs) if i not in done and i % world == rank]
     have = store.tokens(mine=True)
-    log.info("[selfgen] %d jobs, %d done (%d tokens), %d to go", len(jobs), len(done), have, len(todo))
+    log.info("[selfgen] %d jobs (%d rounds), %d done (%d tokens), %d to go", len(jobs), rounds, len(done), have, len(todo))
     bar = tqdm(total=limit_tokens or None, initial=have, unit="tok", disable=not progress, mininterval=10)
     t0 = time.perf_counter()
     state = {"tokens": have}
@@ -230,6 +264,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=128, help="rows decoding together (default 128)")
     p.add_argument("--max-new", type=int, default=256, help="response cap in tokens (default 256)")
     p.add_argument("--max-prompt", type=int, default=384, help="prompt cap; older turns dropped to fit (default 384)")
+    p.add_argument("--rounds", type=int, default=1, help="job rounds: round 0 is every prompt's greedy answer (and a "
+                   "sampled one for a quarter), each further round one more sampled answer to every prompt (default 1)")
     p.add_argument("--tokens", type=int, default=0, help="stop after this many response tokens in all (0: every job; "
                    "under torchrun each rank generates its share)")
     p.add_argument("--part-tokens", type=int, default=200_000, help="response tokens per part file (default 200k)")
@@ -251,7 +287,7 @@ def main(argv=None) -> int:
     store = generate_ids(resolve_model(args.model), Path(args.out), args.split, args.batch, args.max_new,
                          args.max_prompt, args.tokens // world if args.tokens else 0, args.part_tokens,
                          dtype=resolve_dtype(args.dtype, device), device=device,
-                         rank=rank, world=world, stop=stop)
+                         rank=rank, world=world, stop=stop, rounds=args.rounds)
     print(f"{store.root}: {store.tokens()} tokens in {len(store.parts())} parts")
     return 0
 
