@@ -2,9 +2,11 @@
 # The device side of a GPU run (staged by benchmarks/gpu/kit.py; see its docstring).
 #   bash benchmarks/gpu/device.sh stash   call 1: park what it carried in .device-keep/ (kept between calls)
 #   bash benchmarks/gpu/device.sh run     call 2: rebuild the GGUF, self-generate ids for GEN_S seconds,
-#                                         train the PDM on all ids (online teacher features), pack $OUT:
-#                                         ids.tar (new parts + meta.json), train.log, the PDM in 15 MB pieces,
-#                                         its config and history
+#                                         train the PDM and, from the same teacher pass, EAGLE-3 on all ids
+#                                         (online teacher features), pack $OUT (8 files at most):
+#                                         ids.tar (new parts + meta.json), train.log, each draft's weights in
+#                                         15 MB pieces (pdm.safetensors.NN, eagle.safetensors.NN), drafts.tar
+#                                         (their configs and histories)
 # Settings (environment): DEVICE (cuda), GEN_S (180), GEN_ROUNDS (2: round 0's jobs left are ~3.7M tokens, round 1
 # is one more sampled answer to each of 31,673 prompts, ~6.1M: ~14M in all), GEN_BATCH (1024), GEN_MAX_NEW (256),
 # TRAIN_TOKENS (0 = one pass over every id), FIT_S (200: the budget and schedule fitted to this much training,
@@ -43,16 +45,18 @@ run() {
   [ $rc -eq 0 ] || [ $rc -eq 124 ] || log "self-generation failed ($rc): training on the ids there are"
   { ls $IDS/part_*.npz | tail -n +$((before + 1)); echo $IDS/meta.json; } |
     tar -cf "$out/ids.tar" --transform 's|.*/||' -T -  # back even if training fails; meta.json: its rounds
-  log "training on $dev"
+  log "training on $dev: the PDM and EAGLE-3 (one teacher pass, the same tokens)"
   local fit=${FIT_S:-200}
   python -m spd.commands.train --device "$dev" --n 5 --ls 1 --prev --fill judged:0.3 --lr 2e-3 --vocab 16384 \
     --batch-tokens 2048 --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
     --eval-every 40 --ckpt-every 60 --threads "${THREADS:-8}" --fit-seconds "$fit" --max-seconds "${TRAIN_S:-$((fit + 40))}" \
-    --no-progress --out runs/gpu > "$out/train.log" 2>&1 || { tail -40 "$out/train.log"; exit 1; }
+    --no-progress --out runs/gpu/pdm-run --with "method=eagle3 ttt=4 lr=1.5e-3 out=runs/gpu/eagle3-run" \
+    > "$out/train.log" 2>&1 || { tail -40 "$out/train.log"; exit 1; }
   grep -E "\[fit\]|\[eval\]|done:" "$out/train.log" | tail -20 || true  # a summary: never stops the packing
-  split -b 15M -d runs/gpu/pdm/pdm.safetensors "$out/pdm.safetensors."
-  cp runs/gpu/pdm/config.json "$out/pdm-config.json"
-  cp runs/gpu/history.jsonl "$out/history.jsonl"
+  split -b 15M -d runs/gpu/pdm-run/pdm/pdm.safetensors "$out/pdm.safetensors."
+  split -b 15M -d runs/gpu/eagle3-run/draft/eagle.safetensors "$out/eagle.safetensors."
+  tar -cf "$out/drafts.tar" -C runs/gpu pdm-run/pdm/config.json pdm-run/history.jsonl \
+    eagle3-run/draft/config.json eagle3-run/history.jsonl
   log "done: $(ls "$out" | tr '\n' ' ')"
 }
 

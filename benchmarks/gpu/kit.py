@@ -11,7 +11,9 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
             NEVER commit while hidden; `restore` undoes it
   calls     CALLS below: call 1 carries part-0 and the small things and parks them
             (`device.sh stash`), call 2 carries part-1 and runs (`device.sh run`)
-  unpack    what came back: runs/gpu/pdm/ (the trained PDM) and the newly generated ids appended to
+  unpack    what came back: runs/gpu/pdm-run/ and runs/gpu/eagle3-run/ (the PDM and EAGLE-3, trained
+            on the same tokens from one teacher pass: their drafts, configs and histories; train.log
+            beside them) and the newly generated ids appended to
             data/selfgen/<model>/train as new parts (jobs already here are dropped; meta.json takes
             the run's job rounds)
   dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails and `gguf` is
@@ -117,16 +119,18 @@ def restore() -> None:
 
 
 def unpack(files_at: Path, root: Path = ROOT) -> None:
-    """runs/gpu/pdm/ from the returned parts; new self-generated parts appended to the ids folder."""
+    """runs/gpu/ from the returned files; new self-generated parts appended to the ids folder."""
     from spd.train.selfgen import IdStore
 
-    out = root / "runs" / "gpu" / "pdm"
-    out.mkdir(parents=True, exist_ok=True)
-    parts = sorted(files_at.glob("pdm.safetensors.*"))
-    with open(out / "pdm.safetensors", "wb") as f:
-        for p in parts:
-            f.write(p.read_bytes())
-    shutil.copy(files_at / "pdm-config.json", out / "config.json")
+    runs = root / "runs" / "gpu"
+    runs.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(files_at / "drafts.tar") as tar:
+        tar.extractall(runs, filter="data")
+    for name, draft in (("pdm.safetensors", "pdm-run/pdm"), ("eagle.safetensors", "eagle3-run/draft")):
+        with open(runs / draft / name, "wb") as f:
+            for p in sorted(files_at.glob(f"{name}.*")):
+                f.write(p.read_bytes())
+    shutil.copy(files_at / "train.log", runs / "train.log")
     ids = root / IDS
     added = 0
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(files_at / "ids.tar") as tar:
@@ -140,7 +144,7 @@ def unpack(files_at: Path, root: Path = ROOT) -> None:
                     done.add(job)
                     added += len(resp)
             store.flush()
-    print(f"{out}: PDM from {len(parts)} parts; {added} new response tokens in {ids}")
+    print(f"{runs}: the PDM and EAGLE-3; {added} new response tokens in {ids}")
 
 
 def _shrink_ids(ids: Path, jobs: int) -> None:
@@ -191,10 +195,13 @@ def dryrun() -> None:
     unpack(out, scratch)
     after = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
     from spd.core.pdm import PDM
+    from spd.eagle.model import EagleDraft
 
-    pdm = PDM.load(scratch / "runs" / "gpu" / "pdm")
+    pdm = PDM.load(scratch / "runs" / "gpu" / "pdm-run" / "pdm")
+    eagle = EagleDraft.load(scratch / "runs" / "gpu" / "eagle3-run" / "draft")
     assert after > before, "the device run generated nothing"
-    print(f"[dryrun] the returned PDM loads: trained on {pdm.config.notes['tokens_seen']} tokens")
+    print(f"[dryrun] the returned drafts load: the PDM trained on {pdm.config.notes['tokens_seen']} tokens, "
+          f"EAGLE-3 on {eagle.config.trained_tokens}")
     print(f"[dryrun] ok: {after - before} new tokens unpacked; staged at {stage}, unpacked at {scratch}")
 
 
