@@ -22,11 +22,4 @@ spd --log-level INFO train --method pdm --n 5 --ls 1 --init-from $SHIPPED --skip
 cp $OUT/pdm-run/history.jsonl $RES/history.jsonl
 python benchmarks/train_eval.py --draft $OUT/pdm-run/pdm --threads "$THREADS" | tail -1 > $RES/fills_$NAME.json
 python benchmarks/train_eval.py --draft $SHIPPED --threads "$THREADS" | tail -1 > $RES/fills_shipped.json
-cd benchmarks
-for SET in mtbench gsm8k humaneval; do
-  OMP_NUM_THREADS=1 python acceptance.py --sets $SET --prompts 40 --max-tokens 256 \
-    --draft "shipped=shipped" --draft "$NAME=../$OUT/pdm-run/pdm" \
-    --out ../$RES/acceptance_$SET.json > ../$RES/acceptance_$SET.log 2>&1 &
-done
-wait
-cat ../$RES/acceptance_*.md
+bash benchmarks/acceptance_sets.sh $RES 40 256 --draft "shipped=shipped" --draft "$NAME=$OUT/pdm-run/pdm"

@@ -16,6 +16,8 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
             beside them) and the newly generated ids appended to
             data/selfgen/<model>/train as new parts (jobs already here are dropped; meta.json takes
             the run's job rounds)
+  then      `bash benchmarks/gpu/evaluate.sh`: both drafts beside the shipped PDM on the evaluation
+            sets (benchmarks/results/gpu/)
   dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails and `gguf` is
             the packed copy: stash, run with tiny budgets, unpack into a scratch copy
 
