@@ -12,9 +12,9 @@ Jobs: every user turn of every training conversation (earlier turns, as ShareGPT
 context; the oldest turns are dropped until the prompt fits), answered greedily, plus a sampled
 answer (T = `SAMPLE_TEMP`) for a deterministic `SAMPLE_FRAC` of them: round 0, ~8.2M tokens for
 SmolLM2. Each further round (`--rounds`, meta.json "rounds") appends one more sampled answer to
-every prompt, ~6.6M tokens more; a list with more rounds extends one with fewer, so ids already
-generated keep their job numbers. Evaluation sets never enter: ShareGPT only, train split only
-(`spd.train.data.is_heldout`).
+every prompt (31,673 for SmolLM2, ~6.1M tokens); a list with more rounds extends one with fewer,
+so ids already generated keep their job numbers. Evaluation sets never enter: ShareGPT only, train
+split only (`spd.train.data.is_heldout`).
 
 Generation is continuous batching in the device's batched dtype (`spd.train.batch_decode`,
 `spd.train.precision`: bf16 where the hardware has it).
