@@ -4,6 +4,7 @@ the KL falls a lot and the top-1 agreement with the teacher rises. Seconds on a 
 from __future__ import annotations
 
 import json
+import shutil
 
 import torch
 
@@ -71,3 +72,9 @@ def test_tiny_training_overfits(tiny_dir, tmp_path, monkeypatch):
     assert hist4[0]["heldout_loss"] == hist3[0]["heldout_loss"]
     grown = PDM.load(tmp_path / "grown" / "pdm")
     assert grown.config.prev and any(f.proj.weight.abs().sum() > 0 for f in grown.prev_fusions)
+
+    # the base replaced where --init-from points (as shipping a draft does), then the warm start
+    # resumed: its provenance is the base it started from, not what that folder holds now
+    shutil.copytree(tmp_path / "grown" / "pdm", tmp_path / "run" / "pdm", dirs_exist_ok=True)
+    train(TrainConfig(**{**cfg3.__dict__, "resume": True, "epochs": 3, "notes": {}}))
+    assert PDM.load(tmp_path / "warm" / "pdm").config.notes["init_from"] == warm["init_from"]

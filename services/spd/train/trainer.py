@@ -232,10 +232,12 @@ class PdmStudent:
         export(self.module, path, self.cfg, self.setup.vocab_info, run.history, run.seen, self.setup.cache)
 
     def extra_state(self) -> dict:
-        return {"rng": self.rng.getstate()}
+        return {"rng": self.rng.getstate(), "init_from": self.cfg.notes.get("init_from")}
 
     def load_extra_state(self, state: dict) -> None:
         self.rng.setstate(state["rng"])
+        if state.get("init_from"):  # the base it started from, even if --init-from's folder has changed since
+            self.cfg.notes["init_from"] = state["init_from"]
 
 
 def grow_from(pdm: PDM, init: PDM) -> None:
@@ -265,7 +267,7 @@ def plan(cfg: TrainConfig) -> Plan:
         split = uniform_split(s.config.num_hidden_layers, cfg.n)
         head = cfg.init_head and init is None  # a warm start overwrites the head: no need to load the target's
         pdm = make_pdm(dataclasses.replace(cfg, init_head=head), s.model_dir, s.config, split, s.d2t).to(cfg.device)
-        if init is not None:  # a warm start (its provenance also when it resumes)
+        if init is not None:  # a warm start (a resume restores the checkpoint's provenance)
             cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": tokens_in_all(init.config.notes)}
             if s.state is None:  # the exported weights, a fresh optimizer
                 grow_from(pdm, init)
