@@ -121,18 +121,10 @@ def restore() -> None:
 
 
 def unpack(files_at: Path, root: Path = ROOT) -> None:
-    """runs/gpu/ from the returned files; new self-generated parts appended to the ids folder."""
+    """New self-generated parts appended to the ids folder (first: they come back even when training
+    failed), then runs/gpu/ from the returned drafts."""
     from spd.train.selfgen import IdStore
 
-    runs = root / "runs" / "gpu"
-    runs.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(files_at / "drafts.tar") as tar:
-        tar.extractall(runs, filter="data")
-    for name, draft in (("pdm.safetensors", "pdm-run/pdm"), ("eagle.safetensors", "eagle3-run/draft")):
-        with open(runs / draft / name, "wb") as f:
-            for p in sorted(files_at.glob(f"{name}.*")):
-                f.write(p.read_bytes())
-    shutil.copy(files_at / "train.log", runs / "train.log")
     ids = root / IDS
     added = 0
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(files_at / "ids.tar") as tar:
@@ -146,7 +138,17 @@ def unpack(files_at: Path, root: Path = ROOT) -> None:
                     done.add(job)
                     added += len(resp)
             store.flush()
-    print(f"{runs}: the PDM and EAGLE-3; {added} new response tokens in {ids}")
+    print(f"{added} new response tokens in {ids}")
+    runs = root / "runs" / "gpu"
+    runs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(files_at / "train.log", runs / "train.log")
+    with tarfile.open(files_at / "drafts.tar") as tar:  # absent when training failed: see train.log
+        tar.extractall(runs, filter="data")
+    for name, draft in (("pdm.safetensors", "pdm-run/pdm"), ("eagle.safetensors", "eagle3-run/draft")):
+        with open(runs / draft / name, "wb") as f:
+            for p in sorted(files_at.glob(f"{name}.*")):
+                f.write(p.read_bytes())
+    print(f"{runs}: the PDM and EAGLE-3")
 
 
 def _shrink_ids(ids: Path, jobs: int) -> None:
