@@ -72,7 +72,7 @@ def selfgen_jobs(tokenizer, split: str = "train", max_prompt: int = 384, sample_
                  sample_temp: float = SAMPLE_TEMP, seed: int = 0, block: int = 1024) -> list[Job]:
     """The fixed job list of round 0 (same on every machine for the same tokenizer and settings): shuffled,
     then sorted by prompt length within blocks. Templating ~40k prompts takes a minute or two, so
-    the list is cached under $SPD_CACHE/selfgen/ (callers check `fingerprint` against the data)."""
+    the list is cached under $SPD_CACHE/selfgen/ (`rebuild_jobs` checks it against the data)."""
     from spd.models.loading import cache_dir
 
     model = Path(getattr(tokenizer, "name_or_path", "")).name  # the model's name, not where this machine keeps it
