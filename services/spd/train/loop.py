@@ -9,9 +9,10 @@ transformers' get_linear_schedule_with_warmup) ends where the token budget does.
 are counted before its forward (`Student.rows`), so the sequences of a step reach the student in
 one `loss` call when the step is due (the PDM packs them into one forward): the same gradient and
 the same accounting as one sequence at a time. AdamW runs fused (one kernel per step). With
---fit-seconds the budget is fitted to a time instead (a short GPU lease): once a tenth of it has run,
-the budget shrinks to what the pace so far reaches in it, and the schedule is rebuilt to end there
-(a resumed run fits again).
+--fit-seconds the budget is fitted to a time instead (a short GPU lease): the pace is measured from
+the end of the first step (a cold start is not the pace: on the H200 the first step took ~12 s,
+later ones ~2 s) over a tenth of that time, the budget shrinks to what that pace reaches in the time
+left, and the schedule is rebuilt to end there (a resumed run fits again).
 
 Several students train in one run (`train_plans`; `spd train --with`): one pass over the data (the
 shards, their shuffled order, the epochs, --wait: `_stream`; for self-generated ids one teacher
@@ -265,6 +266,7 @@ class _Loop:
             g["initial_lr"] = cfg.lr
         self.sched = self.schedule()
         self.fitted = not cfg.fit_seconds  # --fit-seconds: the budget not fitted yet
+        self.warm: tuple[float, int] | None = None  # --fit-seconds: (elapsed, seen) after this process's first step
         self.start = (self.run.epoch, self.run.shard, self.run.seq)  # the data position it has trained up to
         self.mark = self.counters()  # what a checkpoint holds: the counters as of the last optimizer step
         self.done = state is not None and self.finished()
@@ -280,19 +282,26 @@ class _Loop:
         return get_linear_schedule_with_warmup(self.opt, self.cfg.warmup, total, last_epoch=self.run.step - 1)
 
     def fit_budget(self) -> None:
-        """--fit-seconds: once a tenth of the time has run, the budget the measured pace reaches in
-        the whole time (a cold start counted in: it errs short), and the schedule that ends there."""
+        """--fit-seconds: the pace from the end of the first step on, once it has run a tenth of the
+        time, sets the budget (what it reaches in the time left) and the schedule that ends there."""
         run, fit = self.run, self.cfg.fit_seconds
-        if self.fitted or not self.ranks.agree(0, run.elapsed >= fit / 10)[1][0]:  # the ranks decide together
+        if self.fitted:
+            return
+        if self.warm is None:
+            self.warm = (run.elapsed, run.seen)
+            return
+        e0, s0 = self.warm
+        if not self.ranks.agree(0, run.elapsed - e0 >= fit / 10)[1][0]:  # the ranks decide together
             return
         self.fitted = True
-        elapsed = max(self.ranks.gather(run.elapsed))  # the slowest rank's pace (run.seen counts every rank's)
-        reach = int(run.seen / elapsed * fit)
+        elapsed = max(self.ranks.gather(run.elapsed - e0))  # the slowest rank's pace (run.seen counts every rank's)
+        pace = (run.seen - s0) / elapsed
+        reach = run.seen + int(pace * (fit - run.elapsed))
         if reach < self.budget:
             self.budget = max(reach, run.seen + 1)
             self.sched = self.schedule()
             self.bar.total = self.budget
-        log.info("[fit] %.0f positions/s over %.0f s: budget %d tokens for %.0f s %s", run.seen / elapsed,
+        log.info("[fit] %.0f positions/s over %.0f s after the first step: budget %d tokens for %.0f s %s", pace,
                  elapsed, self.budget, fit, self.out)
 
     def counters(self) -> dict:

@@ -199,8 +199,8 @@ class IdStore:
     @staticmethod
     def read(path: Path) -> list[tuple[int, np.ndarray]]:
         z = np.load(path)
-        off = z["offsets"]
-        return [(int(j), z["resp"][a:b]) for j, a, b in zip(z["job"], off[:-1], off[1:])]
+        off, resp = z["offsets"], z["resp"]  # (each z[...] decompresses its whole member again)
+        return [(int(j), resp[a:b]) for j, a, b in zip(z["job"], off[:-1], off[1:])]
 
 
 def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
