@@ -1,16 +1,19 @@
 #!/bin/bash
 # The device side of a GPU run (staged by benchmarks/gpu/kit.py; see its docstring).
-#   bash benchmarks/gpu/device.sh stash   call 1: park what it carried in .device-keep/ (kept between calls)
-#   bash benchmarks/gpu/device.sh run     call 2: rebuild the GGUF, self-generate ids for GEN_S seconds,
-#                                         train the PDM (with EAGLE=1, EAGLE-3 too, from the same teacher
+#   bash benchmarks/gpu/device.sh stash   calls 1, 2: park what they carried in .device-keep/ (kept between calls)
+#   bash benchmarks/gpu/device.sh run     call 3: rebuild the GGUF, self-generate ids for GEN_S seconds,
+#                                         train the PDM: a warm start of the shipped one on the parts
+#                                         after its first SKIP (INIT=1), or a fresh one (INIT=0); with
+#                                         EAGLE=1 and INIT=0, EAGLE-3 too (the same tokens, the same teacher
 #                                         pass) on all ids (online teacher features), pack $OUT (8 files
 #                                         at most): ids.tar (new parts + meta.json), train.log, the PDM's
 #                                         weights in 15 MB pieces (pdm.safetensors.NN), drafts.tar (configs
 #                                         and histories); EAGLE-3's pieces wait in .device-keep/back/
-#   bash benchmarks/gpu/device.sh back    call 3: EAGLE-3's weights (over the 64 MiB call 2 may return)
+#   bash benchmarks/gpu/device.sh back    call 4: EAGLE-3's weights (over the 64 MiB call 3 may return)
 # Settings (environment): DEVICE (cuda), GEN_S (180), GEN_ROUNDS (2: round 0's jobs left are ~3.5M tokens, round 1
 # is one more sampled answer to each of 31,673 prompts, ~6.1M: ~14M in all), GEN_BATCH (1024), GEN_MAX_NEW (256),
-# TRAIN_TOKENS (0 = one pass over every id), FIT_S (200: the budget and schedule fitted to this much training,
+# TRAIN_TOKENS (0 = one pass over every id it reads), INIT (1), SKIP (INIT=1: the parts the shipped PDM has seen;
+# no default), LR (3e-4 warm, 2e-3 fresh), BATCH_TOKENS (2048), FIT_S (200: the budget and schedule fitted to this much training,
 # --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), EAGLE (0; 1: co-train EAGLE-3, which trains one sequence
 # at a time: on the H200 it slowed the run from ~5k to ~0.8k positions/s), THREADS (8), PYTHONPATH_EXTRA (the dry
 # run's blocked zmq and ShareGPT).
@@ -18,13 +21,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 KEEP=.device-keep
 MODEL=SmolLM2-135M-Instruct
-IDS=data/selfgen/$MODEL/train
+IDS=data/selfgen/$MODEL/train SHIPPED=services/spd/assets/drafts/$MODEL
 log() { echo "[device] $(date +%T) $*"; }
 
 stash() {
-  mkdir -p $KEEP/gguf
+  mkdir -p $KEEP/gguf $KEEP/shipped
   for p in pylib spd-cache; do [ -d .device/$p ] && rm -rf "$KEEP/$p" && mv .device/$p $KEEP/; done
-  mv .device/gguf/part-* $KEEP/gguf/
+  for f in .device/gguf/part-*; do [ -f "$f" ] && mv "$f" $KEEP/gguf/; done
+  [ -f $SHIPPED/pdm.safetensors ] && cp $SHIPPED/pdm.safetensors $KEEP/shipped/
   log "stashed: $(du -sh $KEEP | cut -f1)"
 }
 
@@ -48,11 +52,18 @@ run() {
   [ $rc -eq 0 ] || [ $rc -eq 124 ] || log "self-generation failed ($rc): training on the ids there are"
   { ls $IDS/part_*.npz | tail -n +$((before + 1)); echo $IDS/meta.json; } |
     tar -cf "$out/ids.tar" --transform 's|.*/||' -T -  # back even if training fails; meta.json: its rounds
-  local fit=${FIT_S:-200} with=()
-  [ "${EAGLE:-0}" = 1 ] && with=(--with "method=eagle3 ttt=4 lr=1.5e-3 out=runs/gpu/eagle3-run")
+  local fit=${FIT_S:-200} with=() init=(--lr "${LR:-2e-3}")
+  if [ "${EAGLE:-0}" = 1 ]; then  # compared at an equal budget: both fresh on the same tokens
+    [ "${INIT:-1}" = 0 ] || { log "EAGLE=1 needs INIT=0 (EAGLE-3 and the PDM fresh on the same tokens)"; exit 2; }
+    with=(--with "method=eagle3 ttt=4 lr=1.5e-3 out=runs/gpu/eagle3-run")
+  fi
+  if [ "${INIT:-1}" = 1 ]; then
+    cp $KEEP/shipped/pdm.safetensors $SHIPPED/
+    init=(--init-from $SHIPPED --skip-shards "${SKIP:?SKIP: the parts the shipped PDM has seen}" --lr "${LR:-3e-4}")
+  fi
   log "training on $dev: the PDM${with:+ and EAGLE-3 (one teacher pass, the same tokens)}"
-  python -m spd.commands.train --device "$dev" --n 5 --ls 1 --prev --fill judged:0.3 --lr 2e-3 --vocab 16384 \
-    --batch-tokens 2048 --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
+  python -m spd.commands.train --device "$dev" --n 5 --ls 1 --prev --fill judged:0.3 "${init[@]}" --vocab 16384 \
+    --batch-tokens "${BATCH_TOKENS:-2048}" --tokens "${TRAIN_TOKENS:-0}" --data $IDS --heldout data/selfgen/$MODEL/heldout --eval-seqs 48 \
     --eval-every 40 --ckpt-every 60 --threads "${THREADS:-8}" --fit-seconds "$fit" --max-seconds "${TRAIN_S:-$((fit + 40))}" \
     --no-progress --out runs/gpu/pdm-run "${with[@]}" > "$out/train.log" 2>&1 || { tail -40 "$out/train.log"; exit 1; }
   grep -E "\[fit\]|\[eval\]|done:" "$out/train.log" | tail -20 || true  # a summary: never stops the packing

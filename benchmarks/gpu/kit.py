@@ -11,9 +11,11 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
   hide      untrack the three checkpoints (103 MB; the run does not need them) so the tree fits;
             NEVER commit while hidden; `restore` undoes it
   calls     CALLS below: call 1 carries part-0 and the small things and parks them
-            (`device.sh stash`), call 2 carries part-1 and runs (`device.sh run`), call 3 brings
-            back EAGLE-3's weights when EAGLE=1 co-trained it (`device.sh back`)
-  unpack    what came back (calls 2 and 3 in one folder): runs/gpu/pdm-run/ (and runs/gpu/eagle3-run/
+            (`device.sh stash`), call 2 the shipped PDM (the warm start's base), call 3 carries
+            part-1 and runs (`device.sh run`, with SKIP=<parts the shipped PDM has seen>; its
+            docstring has the settings), call 4 brings back EAGLE-3's weights when EAGLE=1
+            co-trained it (`device.sh back`)
+  unpack    what came back (calls 3 and 4 in one folder): runs/gpu/pdm-run/ (and runs/gpu/eagle3-run/
             with EAGLE=1: both trained on the same tokens from one teacher pass): drafts, configs and
             histories, train.log beside them; and the newly generated ids appended to
             data/selfgen/<model>/train as new parts (jobs already here are dropped; meta.json takes
@@ -21,8 +23,8 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
   then      `bash benchmarks/gpu/evaluate.sh`: both drafts beside the shipped PDM on the evaluation
             sets (benchmarks/results/gpu/)
   dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails, ShareGPT is
-            absent and `gguf` is the packed copy: stash, run with tiny budgets (EAGLE=1 unless
-            the environment says otherwise), back, unpack into a scratch copy
+            absent and `gguf` is the packed copy: stash, run with tiny budgets (EAGLE, INIT and SKIP
+            from the environment: by default 0, 1, 0), back, unpack into a scratch copy
 
   python benchmarks/gpu/kit.py pack|hide|restore|dryrun|unpack FILES_AT
 """
@@ -51,8 +53,10 @@ BIG = ["services/spd/assets/drafts/SmolLM2-135M-Instruct/pdm.safetensors",
        "services/spd/assets/baselines/SmolLM2-135M-Instruct/ppsd-n5/pdm.safetensors"]  # what `hide` untracks
 IDS = "data/selfgen/SmolLM2-135M-Instruct/train"
 CARRY_LIMIT = 64 << 20  # bytes of working tree per call
-CALLS = [  # (carry, command) of the two device calls, in order, within the 30 s the box stays warm
+SHIPPED_PDM = BIG[0]  # the warm start's base (INIT=1): hidden, so carried on its own
+CALLS = [  # (carry, command) of the device calls, in order, each within the 30 s the box stays warm after the last
     ([".device/pylib", ".device/spd-cache", ".device/gguf/part-0"], "bash benchmarks/gpu/device.sh stash"),
+    ([SHIPPED_PDM], "bash benchmarks/gpu/device.sh stash"),
     ([".device/gguf/part-1"], "bash benchmarks/gpu/device.sh run"),
     ([], "bash benchmarks/gpu/device.sh back"),
 ]
@@ -209,7 +213,7 @@ def dryrun() -> None:
     returned.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "GEN_S": "60", "TRAIN_TOKENS": "4000", "FIT_S": "120",
            "GEN_BATCH": "16", "GEN_MAX_NEW": "24", "THREADS": "2", "PYTHONPATH_EXTRA": str(blocked),
-           "EAGLE": os.environ.get("EAGLE", "1")}
+           **{k: os.environ.get(k, v) for k, v in (("EAGLE", "0"), ("INIT", "1"), ("SKIP", "0"))}}
     env.pop("PYTHONPATH", None)
     for carry, command in CALLS:
         for p in carry:
