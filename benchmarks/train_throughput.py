@@ -18,6 +18,10 @@ steady state (an untimed pass first, then timed passes):
   new  autocast in the batched dtype where that is bf16 (fp32 master weights and optimizer state), one packed forward per optimizer
        step over only the rows the loss rows depend on (`spd.train.aligned.aligned_batch_hidden`),
        head + KL a chunk of rows at a time (`spd.train.trainer.head_kl`), fused AdamW
+EAGLE-3 trainer = its step-1 positions per second (TTT unroll + KL at every step + backward +
+fused AdamW), same sequences, both in the batched dtype:
+  old  one sequence per unroll
+  new  an optimizer step's sequences right-padded into one batch (`spd.eagle.train.batch_ttt_loss`)
 
 Every teacher runs in the machine's batched dtype (`spd.train.precision`): bf16 on a CPU with bf16
 units, as the former self-generation did; fp32 on one without (there bf16 is emulated, ~8x slower).
@@ -38,7 +42,10 @@ from pathlib import Path
 import torch
 
 from spd.core.pdm import random_pdm
+from spd.core.stage import load_embedding
 from spd.core.split import default_anchors, uniform_split
+from spd.eagle.model import default_feature_layers, random_eagle
+from spd.eagle.train import batch_ttt_loss
 from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.train.batch_decode import BatchDecoder
 from spd.train.memory import keep_freed_memory
@@ -128,31 +135,27 @@ def step_groups(seqs, t2d, steps_rows: int, one_each: bool) -> list[tuple[list[i
     return groups + ([(group, False)] if group else [])
 
 
-def trainer(config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int = 16384, steps_rows: int = 1024,
-            passes: int = 2) -> dict:
-    """PDM positions per second over `seqs` (fill level 1 + i % n for seqs[i]), AdamW every steps_rows
-    loss rows. dense (old): one sequence per forward through the dense mask, for-loop AdamW; else
-    (new) one packed forward per optimizer step over its sequences' needed rows, fused AdamW.
-    Steady state, as a training run of hours sees it: one untimed pass over `seqs` first (first touch
-    of memory, kernel choices for these shapes), then `passes` timed ones."""
-    split = uniform_split(config.num_hidden_layers, n)
-    anchors = default_anchors(split)
-    counts = torch.zeros(config.vocab_size, dtype=torch.long)
+def _draft_vocab(seqs, vocab_size: int, vocab: int) -> torch.Tensor:
+    """The `vocab` most frequent teacher argmaxes over the loss rows of `seqs`, ascending [V_s]."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in seqs:
-        counts += torch.bincount(s["top_ids"][s["loss"].bool(), 0].long(), minlength=config.vocab_size)
-    d2t = counts.argsort(descending=True)[:vocab].sort().values
-    pdm = random_pdm(config, anchors, 1, draft_ids=d2t, seed=0)
-    t2d = target_to_draft(d2t, config.vocab_size)
-    cols = [layers.index(b) for b in anchors]
-    opt = torch.optim.AdamW(pdm.parameters(), lr=1e-3, fused=not dense)  # new: fused, as spd.train.loop
+        counts += torch.bincount(s["top_ids"][s["loss"].bool(), 0].long(), minlength=vocab_size)
+    return counts.argsort(descending=True)[:vocab].sort().values
+
+
+def _steady(groups, loss, params, fused: bool, amp: str, steps_rows: int, passes: int) -> dict:
+    """Positions per second of `loss(group)` (-> kl, rows, hits) + backward over `groups` (from
+    `step_groups`), AdamW where a group ends a step. Steady state, as a training run of hours sees
+    it: one untimed pass first (first touch of memory, kernel choices for these shapes), then
+    `passes` timed ones."""
+    opt = torch.optim.AdamW(params, lr=1e-3, fused=fused)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp == "bfloat16")
 
     def one_pass() -> int:
         rows_total = 0
-        for group, step in step_groups(seqs, t2d, steps_rows, one_each=dense):
+        for group, step in groups:
             with autocast:
-                kl, rows, _ = batch_loss(pdm, [seqs[i] for i in group], split, [1 + i % n for i in group], 0, t2d,
-                                         cols, dense=dense)
+                kl, rows, _ = loss(group)
             if kl is not None:
                 (kl / steps_rows).backward()
                 rows_total += rows
@@ -165,8 +168,46 @@ def trainer(config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int 
     t0 = time.perf_counter()
     rows_total = sum(one_pass() for _ in range(passes))
     dt = time.perf_counter() - t0
-    return {"amp": amp, "dense_mask": dense, "passes": passes, "positions": rows_total, "seconds": dt,
-            "positions_per_s": rows_total / dt}
+    return {"amp": amp, "passes": passes, "positions": rows_total, "seconds": dt, "positions_per_s": rows_total / dt}
+
+
+def trainer(config, seqs, layers, amp: str, dense: bool, n: int = 5, vocab: int = 16384, steps_rows: int = 1024,
+            passes: int = 2) -> dict:
+    """PDM positions per second over `seqs` (fill level 1 + i % n for seqs[i]), AdamW every steps_rows
+    loss rows. dense (old): one sequence per forward through the dense mask, for-loop AdamW; else
+    (new) one packed forward per optimizer step over its sequences' needed rows, fused AdamW."""
+    split = uniform_split(config.num_hidden_layers, n)
+    anchors = default_anchors(split)
+    d2t = _draft_vocab(seqs, config.vocab_size, vocab)
+    pdm = random_pdm(config, anchors, 1, draft_ids=d2t, seed=0)
+    t2d = target_to_draft(d2t, config.vocab_size)
+    cols = [layers.index(b) for b in anchors]
+
+    def loss(group):
+        return batch_loss(pdm, [seqs[i] for i in group], split, [1 + i % n for i in group], 0, t2d, cols, dense=dense)
+
+    groups = step_groups(seqs, t2d, steps_rows, one_each=dense)
+    return {"dense_mask": dense, **_steady(groups, loss, pdm.parameters(), not dense, amp, steps_rows, passes)}
+
+
+def eagle_trainer(model_dir, config, seqs, layers, amp: str, one_each: bool, ttt: int = 4, vocab: int = 16384,
+                  steps_rows: int = 1024, passes: int = 2) -> dict:
+    """EAGLE-3 positions per second (step-1 loss rows, as its budget counts them) over `seqs`, `ttt`
+    unrolled steps, fused AdamW every steps_rows rows. one_each (old): one sequence per unroll; else
+    (new) an optimizer step's sequences right-padded into one batch (`spd.eagle.train.batch_ttt_loss`)."""
+    d2t = _draft_vocab(seqs, config.vocab_size, vocab)
+    feature_layers = default_feature_layers(config.num_hidden_layers)
+    draft = random_eagle(config, feature_layers, draft_ids=d2t, embed_weight=load_embedding(model_dir, config).weight)
+    t2d = target_to_draft(d2t, config.vocab_size)
+    cols = [layers.index(b) for b in feature_layers]
+    draft.train()
+
+    def loss(group):
+        return batch_ttt_loss(draft, [seqs[i] for i in group], cols, t2d, ttt)
+
+    groups = step_groups(seqs, t2d, steps_rows, one_each=one_each)
+    return {"one_sequence_each": one_each, "ttt": ttt,
+            **_steady(groups, loss, draft.parameters(), True, amp, steps_rows, passes)}
 
 
 def machine() -> dict:
@@ -225,7 +266,10 @@ def main(argv=None) -> int:
     two_pass, feats = teacher_ids_prefill(model_dir, prompts, args.max_new, eos, layers, args.batch)
     seqs = feats[:: max(1, len(feats) // args.train_seqs)][: args.train_seqs]  # every length (the prompts are sorted)
     t_old = trainer(config, seqs, layers, "float32", True, passes=args.train_passes)
-    t_new = trainer(config, seqs, layers, str(batched_dtype("cpu")).split(".")[1], False, passes=args.train_passes)
+    amp = str(batched_dtype("cpu")).split(".")[1]
+    t_new = trainer(config, seqs, layers, amp, False, passes=args.train_passes)
+    e_old, e_new = (eagle_trainer(model_dir, config, seqs, layers, amp, one_each, passes=args.train_passes)
+                    for one_each in (True, False))
     params = sum(p.numel() for p in load_hf(model_dir).parameters())
     cpu = {**machine(), "target_params": params}
     cpu["prefill_ceiling_tok_s"] = round(cpu["gemm_gflops"] * 1e9 / (2 * params))
@@ -236,14 +280,18 @@ def main(argv=None) -> int:
               "teacher": {"old": old, "ids_then_prefill": two_pass, "new": new,
                           "speedup": new["tokens_per_s"] / old["tokens_per_s"],
                           "ids_then_prefill_speedup": two_pass["tokens_per_s"] / old["tokens_per_s"]},
-              "trainer": {"old": t_old, "new": t_new, "speedup": t_new["positions_per_s"] / t_old["positions_per_s"]}}
+              "trainer": {"old": t_old, "new": t_new, "speedup": t_new["positions_per_s"] / t_old["positions_per_s"]},
+              "eagle3_trainer": {"old": e_old, "new": e_new,
+                                 "speedup": e_new["positions_per_s"] / e_old["positions_per_s"]}}
     save(args.out, result, f"| stage | old | new | new / old |\n|---|---|---|---|\n"
          f"| teacher (tokens generated + recorded / s) | {old['tokens_per_s']:.0f} | {new['tokens_per_s']:.0f} | "
          f"{result['teacher']['speedup']:.2f} |\n"
          f"| teacher, ids then prefill (the other candidate) | {old['tokens_per_s']:.0f} | "
          f"{two_pass['tokens_per_s']:.0f} | {result['teacher']['ids_then_prefill_speedup']:.2f} |\n"
          f"| trainer (positions / s) | {t_old['positions_per_s']:.0f} | {t_new['positions_per_s']:.0f} | "
-         f"{result['trainer']['speedup']:.2f} |\n\n"
+         f"{result['trainer']['speedup']:.2f} |\n"
+         f"| EAGLE-3 trainer, TTT {e_new['ttt']} (step-1 positions / s) | {e_old['positions_per_s']:.0f} | "
+         f"{e_new['positions_per_s']:.0f} | {result['eagle3_trainer']['speedup']:.2f} |\n\n"
          f"{len(prompts)} prompts (mean {result['mean_prompt']:.0f} tokens), responses <= {args.max_new}; "
          f"{args.threads} threads; AMX {'yes' if cpu['amx_bf16'] else 'no'}, teachers in {cpu['dtype']}, GEMM {cpu['gemm_gflops']} GFLOPS: "
          f"a target pass at most ~{cpu['prefill_ceiling_tok_s']} tokens/s; memory read {cpu['read_gb_s']} GB/s.\n\n"

@@ -109,27 +109,58 @@ def test_ttt_training_forward_equals_the_inference_chain_at_every_step(tiny_dir,
     assert compared == sum(max(0, T - 1 - (j - 1)) for j in range(1, steps + 1))
 
 
+def _teacher_sequence(config, stages, T: int, seed: int) -> dict:
+    """A cache-style sequence (tokens, loss, the target's top-32, anchors at LAYERS) of T random tokens."""
+    tokens = torch.randint(1, 250, (T,), generator=torch.Generator().manual_seed(seed))
+    found = {}
+    stages[0].truncate(0)
+    out = run_through(stages, tokens, 0, lambda j, o: found.update(o.anchors))
+    top_p, top_ids = torch.softmax(out.logits, -1).topk(32, dim=-1)
+    loss = (torch.arange(T) >= T // 3).to(torch.uint8)  # the prompt third carries no loss
+    return {"tokens": tokens, "loss": loss, "top_ids": top_ids.int(), "top_p": top_p.half(),
+            "anchors": torch.stack([found[b] for b in LAYERS], dim=1).half()}
+
+
+def test_batched_ttt_loss_equals_the_sum_of_the_sequences_alone(tiny_dir):
+    """Right-padding sequences of different lengths into one batch changes neither the loss, nor
+    the counts, nor the gradients."""
+    from spd.eagle.train import batch_ttt_loss
+    from spd.train.trainer import target_to_draft
+
+    model_dir = tiny_dir("qwen3", num_layers=6)
+    config, stages, draft = _eagle(model_dir, seed=2, scale=0.15, vocab_frac=2)
+    seqs = [_teacher_sequence(config, stages, T, seed) for seed, T in enumerate((23, 40, 9))]
+    t2d = target_to_draft(draft.d2t, config.vocab_size)
+
+    def run(batches):
+        draft.zero_grad()
+        total, rows, hits = 0.0, 0, 0
+        for batch in batches:
+            kl, r, h = batch_ttt_loss(draft, batch, [0, 1, 2], t2d, 4)
+            kl.backward()
+            total, rows, hits = total + kl.item(), rows + r, hits + h
+        return total, rows, hits, [p.grad.clone() for p in draft.parameters()]
+
+    alone, together = run([[s] for s in seqs]), run([seqs])
+    assert together[1:3] == alone[1:3] and together[1] > 0
+    assert together[0] == pytest.approx(alone[0], rel=1e-5)
+    for a, b in zip(alone[3], together[3]):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+
+
 def test_ttt_training_overfits_one_sequence(tiny_dir):
-    from spd.eagle.train import sequence_ttt_loss
+    from spd.eagle.train import batch_ttt_loss
     from spd.train.trainer import target_to_draft
 
     model_dir = tiny_dir("llama", num_layers=6)
     config, stages, draft = _eagle(model_dir, vocab_frac=2)
-    T = 40
-    tokens = torch.randint(1, 250, (T,), generator=torch.Generator().manual_seed(5))
-    found = {}
-    stages[0].truncate(0)
-    out = run_through(stages, tokens, 0, lambda j, o: found.update(o.anchors))
-    probs = torch.softmax(out.logits, -1)
-    top_p, top_ids = probs.topk(32, dim=-1)
-    seq = {"tokens": tokens, "loss": torch.ones(T, dtype=torch.uint8), "top_ids": top_ids.int(), "top_p": top_p.half(),
-           "anchors": torch.stack([found[b] for b in LAYERS], dim=1).half()}
+    seq = {**_teacher_sequence(config, stages, 40, 5), "loss": torch.ones(40, dtype=torch.uint8)}
     t2d = target_to_draft(draft.d2t, config.vocab_size)
     draft.train()
     opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
     losses = []
     for _ in range(30):
-        kl, rows, _ = sequence_ttt_loss(draft, seq, [0, 1, 2], t2d, 3)
+        kl, rows, _ = batch_ttt_loss(draft, [seq], [0, 1, 2], t2d, 3)
         (kl / rows).backward()
         opt.step()
         opt.zero_grad()

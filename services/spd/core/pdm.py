@@ -71,8 +71,8 @@ class AnchorFusion(nn.Module):
         self.norms = nn.ModuleList(Qwen3RMSNorm(d, eps=eps) for _ in range(k))
         self.proj = nn.Linear(k * d, width, bias=False)
 
-    def forward(self, anchors: torch.Tensor) -> torch.Tensor:  # anchors: [Q, k, d] -> [Q, width]
-        parts = [norm(anchors[:, i]) for i, norm in enumerate(self.norms)]
+    def forward(self, anchors: torch.Tensor) -> torch.Tensor:  # anchors: [..., k, d] -> [..., width]
+        parts = [norm(anchors[..., i, :]) for i, norm in enumerate(self.norms)]
         return self.proj(torch.cat(parts, dim=-1))
 
 

@@ -94,23 +94,26 @@ class EagleDraft(nn.Module):
         self.embed_weight = weight.detach().to(self.d2t.device, self.head.weight.dtype)
 
     def fuse_states(self, states: torch.Tensor) -> torch.Tensor:
-        """states: [T, 3, d] target H[b] for b in feature_layers -> features [T, d]."""
+        """states: [..., T, 3, d] target H[b] for b in feature_layers -> features [..., T, d]."""
         return self.fuse(states.to(self.head.weight.dtype))
 
     def hidden(self, feature: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                mask: torch.Tensor | None, cache=None) -> torch.Tensor:
         """The decoder layer's output before the final norm (the 'own hidden state').
 
-        feature: [T, d]; tokens: [T] (x_{i+1} for draft position i); positions: [T] RoPE positions;
-        mask: bool [1, 1, T, K] (True = may attend) or None (attend to everything). With `cache`,
-        these positions' keys/values are appended to it (the caller commits or truncates).
+        feature: [T, d] or a batch [B, T, d]; tokens: [T] / [B, T] (x_{i+1} for draft position i);
+        positions: [T] / [B, T] RoPE positions; mask: bool [1 or B, 1, T, K] (True = may attend) or
+        None (attend to everything). With `cache`, these positions' keys/values are appended to it
+        (the caller commits or truncates). Returns [T, d] / [B, T, d].
         """
-        emb = F.embedding(tokens.to(self.d2t.device), self.embed_weight)  # [T, d]
-        x = self.input(torch.stack([emb, feature], dim=1)).unsqueeze(0)  # [1, T, d]
-        pos = positions.unsqueeze(0)  # [1, T]
-        h = self.layer(x, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                       position_embeddings=self.rotary(x, pos))
-        return h[0]  # [T, d]
+        one = feature.dim() == 2
+        if one:
+            feature, tokens, positions = feature[None], tokens[None], positions[None]
+        emb = F.embedding(tokens.to(self.d2t.device), self.embed_weight)  # [B, T, d]
+        x = self.input(torch.stack([emb, feature], dim=-2))  # [B, T, d]
+        h = self.layer(x, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       position_embeddings=self.rotary(x, positions))
+        return h[0] if one else h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h: [..., d] -> draft-vocabulary logits [..., V_s]."""

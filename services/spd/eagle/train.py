@@ -29,7 +29,7 @@ class _StepCache:
     """Keys/values of the TTT steps run so far, concatenated along the key axis (autograd-safe)."""
 
     def __init__(self):
-        self.k = self.v = None  # [1, H_kv, j*T, D]
+        self.k = self.v = None  # [B, H_kv, j*T, D]
 
     def update(self, k, v, layer_idx, *args, **kwargs):
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
@@ -49,17 +49,19 @@ def ttt_mask(T: int, j: int, device=None) -> torch.Tensor:
 
 
 def ttt_hidden(draft: EagleDraft, states: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """states: [T, 3, d] target features; tokens: [T]. Returns per step the own hidden [T-1, d] of
-    draft positions 0..T-2 (position i predicts x_{i+2}; rows i < j-1 of step j are meaningless)."""
-    T1 = tokens.shape[0] - 1
-    feature = draft.fuse_states(states[:T1])  # [T1, d]
-    nxt = tokens[1:]  # [T1] x_{i+1}
-    pos = torch.arange(T1, device=feature.device)
+    """states: [..., T, 3, d] target features; tokens: [..., T] (one sequence, or a batch [B, T] of
+    right-padded ones: a real position's keys are all at real positions, so padding needs no mask).
+    Returns per step the own hidden [..., T-1, d] of draft positions 0..T-2 (position i predicts
+    x_{i+2}; rows i < j-1 of step j are meaningless)."""
+    T1 = tokens.shape[-1] - 1
+    feature = draft.fuse_states(states[..., :T1, :, :])  # [..., T1, d]
+    nxt = tokens[..., 1:]  # [..., T1] x_{i+1}
+    pos = torch.arange(T1, device=feature.device).expand(nxt.shape)  # [..., T1]
     cache, out = _StepCache(), []
     for j in range(1, steps + 1):
-        h = draft.hidden(feature, nxt, pos, ttt_mask(T1, j, feature.device), cache)  # [T1, d]
+        h = draft.hidden(feature, nxt, pos, ttt_mask(T1, j, feature.device), cache)  # [..., T1, d]
         out.append(h)
-        feature = torch.cat([h[:1], h[:-1]], dim=0)  # step j+1 at i takes h_j[i-1] (row 0: filler)
+        feature = torch.cat([h[..., :1, :], h[..., :-1, :]], dim=-2)  # step j+1 at i takes h_j[i-1] (row 0: filler)
     return out
 
 
@@ -76,24 +78,33 @@ def loss_rows(seq: dict, t2d: torch.Tensor) -> torch.Tensor:
     return t[t >= 1] - 1
 
 
-def sequence_ttt_loss(draft: EagleDraft, seq: dict, cols: list[int], t2d: torch.Tensor, steps: int):
-    """(kl summed over steps and rows, step-1 rows, step-1 hits) for one sequence; (None, 0, 0) if empty."""
+def batch_ttt_loss(draft: EagleDraft, seqs: list[dict], cols: list[int], t2d: torch.Tensor, steps: int):
+    """(kl summed over steps, sequences and rows, step-1 rows, step-1 hits) of the sequences
+    right-padded into one batch and unrolled together; (None, 0, 0) if none has a loss row."""
     dev = draft.d2t.device
-    states, tokens, ids = _prepare(seq, cols, t2d, dev)
-    rows = loss_rows(seq, t2d.to(dev))
-    if len(rows) == 0:
+    t2d = t2d.to(dev)
+    picked = [(seq, rows) for seq in seqs if len(rows := loss_rows(seq, t2d))]
+    if not picked:
         return None, 0, 0
-    top_p = seq["top_p"].to(dev)
+    parts = [_prepare(seq, cols, t2d, dev) + (seq["top_p"].to(dev),) for seq, _ in picked]
+    pad = torch.nn.utils.rnn.pad_sequence
+    states = pad([p[0] for p in parts], batch_first=True)  # [B, T, 3, d]
+    tokens = pad([p[1] for p in parts], batch_first=True)  # [B, T]
+    ids = pad([p[2] for p in parts], batch_first=True, padding_value=-1)  # [B, T, k]
+    top_p = pad([p[3] for p in parts], batch_first=True)  # [B, T, k]
+    b = torch.cat([torch.full_like(rows, n) for n, (_, rows) in enumerate(picked)])  # [R] sequence of each row
+    i = torch.cat([rows for _, rows in picked])  # [R] its draft position
     kls, hits = [], 0
-    for j, h in enumerate(ttt_hidden(draft, states, tokens, steps), start=1):
-        i = rows[rows >= j - 1]
-        if len(i) == 0:
+    for j, h in enumerate(ttt_hidden(draft, states, tokens, steps), start=1):  # h: [B, T-1, d]
+        keep = i >= j - 1
+        bj, ij = b[keep], i[keep]
+        if len(ij) == 0:
             continue
-        logits = draft.logits(h[i])  # [R, V_s]
-        kls.append(teacher_kl(logits, ids[i + 1], top_p[i + 1]))
+        logits = draft.logits(h[bj, ij])  # [R_j, V_s]
+        kls.append(teacher_kl(logits, ids[bj, ij + 1], top_p[bj, ij + 1]))
         if j == 1:
-            hits = int((logits.argmax(-1) == ids[i + 1, 0]).sum())
-    return torch.stack(kls).sum(), len(rows), hits
+            hits = int((logits.argmax(-1) == ids[bj, ij + 1, 0]).sum())
+    return torch.stack(kls).sum(), len(i), hits
 
 
 @torch.no_grad()
@@ -153,13 +164,7 @@ class EagleStudent:
         return len(loss_rows(seq, self.t2d.to(self.module.d2t.device)))
 
     def loss(self, seqs: list[dict]):
-        """One sequence at a time (`sequence_ttt_loss`), summed."""
-        kl, rows, hits = None, 0, 0
-        for seq in seqs:
-            k, r, h = sequence_ttt_loss(self.module, seq, self.cols, self.t2d, self.cfg.ttt)
-            if k is not None:
-                kl, rows, hits = k if kl is None else kl + k, rows + r, hits + h
-        return kl, rows, hits
+        return batch_ttt_loss(self.module, seqs, self.cols, self.t2d, self.cfg.ttt)
 
     def evaluate(self, seqs: list[dict]) -> dict:
         r = evaluate(self.module, seqs, self.cols, self.t2d, self.cfg.ttt)
