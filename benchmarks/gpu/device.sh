@@ -14,9 +14,9 @@
 # is one more sampled answer to each of 31,673 prompts, ~6.1M: ~14M in all), GEN_BATCH (1024), GEN_MAX_NEW (256),
 # TRAIN_TOKENS (0 = one pass over every id it reads), INIT (1), SKIP (INIT=1: the parts the shipped PDM has seen;
 # no default), LR (3e-4 warm, 2e-3 fresh), BATCH_TOKENS (2048), FIT_S (200: the budget and schedule fitted to this much training,
-# --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), EAGLE (0; 1: co-train EAGLE-3, which trains one sequence
-# at a time: on the H200 it slowed the run from ~5k to ~0.8k positions/s), THREADS (8), PYTHONPATH_EXTRA (the dry
-# run's blocked zmq and ShareGPT).
+# --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), EAGLE (0; 1: co-train EAGLE-3, which then trained one sequence
+# at a time and slowed the H200 run from ~5k to ~0.8k positions/s; now batched, not yet timed there), THREADS (8),
+# PYTHONPATH_EXTRA (the dry run's blocked zmq and ShareGPT).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 KEEP=.device-keep

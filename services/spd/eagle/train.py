@@ -151,7 +151,7 @@ def make_draft(cfg: EagleTrainConfig, model_dir: Path, config, d2t: torch.Tensor
 
 
 class EagleStudent:
-    """The EAGLE-3-style draft, trained with `ttt` unrolled steps per sequence."""
+    """The EAGLE-3-style draft, trained with `ttt` unrolled steps over each optimizer step's sequences."""
 
     name = "draft"
 
