@@ -2,7 +2,7 @@
 
   python benchmarks/train_ship.py --run runs/long/spd-n5-ls1 [--fills FILLS.json] \
       [--acceptance benchmarks/results/acceptance.json --label LABEL] \
-      [--curve benchmarks/results/learning_curve.json] [--extra NOTES.md]
+      [--curve benchmarks/results/learning_curve.json] [--extra benchmarks/results/pdm_card_notes.md]
 
 Copies RUN/pdm/{pdm.safetensors,config.json} and writes the model card from records only: the
 export's provenance (config.json notes: data, vocabulary, lr, tokens), the run's history.jsonl,
