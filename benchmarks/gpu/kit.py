@@ -10,11 +10,11 @@ come back, and the box has torch and transformers but neither `gguf` nor `pyzmq`
             and the 98 MB GGUF in two halves, one per call (gguf/part-0, gguf/part-1)
   hide      untrack the three checkpoints (103 MB; the run does not need them) so the tree fits;
             NEVER commit while hidden; `restore` undoes it
-  calls     CALLS below: call 1 carries part-0 and the small things and parks them
-            (`device.sh stash`), call 2 the shipped PDM (the warm start's base), call 3 carries
-            part-1 and runs (`device.sh run`, with SKIP=<parts the shipped PDM has seen>; its
-            docstring has the settings), call 4 brings back EAGLE-3's weights when EAGLE=1
-            co-trained it (`device.sh back`)
+  calls     CALLS below: call 1 carries part-0 and the packages and parks them
+            (`device.sh stash`), call 2 the shipped PDM (the warm start's base) and the caches,
+            call 3 carries part-1 and runs (`device.sh run`, with SKIP=<parts the shipped PDM has
+            seen>; its docstring has the settings), call 4 brings back EAGLE-3's weights when
+            EAGLE=1 co-trained it (`device.sh back`)
   unpack    what came back (calls 3 and 4 in one folder): runs/gpu/pdm-run/ (and runs/gpu/eagle3-run/
             with EAGLE=1: both trained on the same tokens from one teacher pass): drafts, configs and
             histories, train.log beside them; and the newly generated ids appended to
@@ -54,9 +54,12 @@ BIG = ["services/spd/assets/drafts/SmolLM2-135M-Instruct/pdm.safetensors",
 IDS = "data/selfgen/SmolLM2-135M-Instruct/train"
 CARRY_LIMIT = 64 << 20  # bytes of working tree per call
 SHIPPED_PDM = BIG[0]  # the warm start's base (INIT=1): hidden, so carried on its own
-CALLS = [  # (carry, command) of the device calls, in order, each within the 30 s the box stays warm after the last
-    ([".device/pylib", ".device/spd-cache", ".device/gguf/part-0"], "bash benchmarks/gpu/device.sh stash"),
-    ([SHIPPED_PDM], "bash benchmarks/gpu/device.sh stash"),
+# (carry, command) of the device calls, in order, each within the 30 s the box stays warm after the last.
+# The tree travels with every call and grows with the committed ids: balance the carries (with parts 0-59:
+# ~54, ~58 and ~53 MiB of 64); `hide` prints them.
+CALLS = [
+    ([".device/pylib", ".device/gguf/part-0"], "bash benchmarks/gpu/device.sh stash"),
+    ([SHIPPED_PDM, ".device/spd-cache"], "bash benchmarks/gpu/device.sh stash"),
     ([".device/gguf/part-1"], "bash benchmarks/gpu/device.sh run"),
     ([], "bash benchmarks/gpu/device.sh back"),
 ]
