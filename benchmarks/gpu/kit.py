@@ -55,8 +55,8 @@ IDS = "data/selfgen/SmolLM2-135M-Instruct/train"
 CARRY_LIMIT = 64 << 20  # bytes of working tree per call
 SHIPPED_PDM = BIG[0]  # the warm start's base (INIT=1): hidden, so carried on its own
 # (carry, command) of the device calls, in order, each within the 30 s the box stays warm after the last.
-# The tree travels with every call and grows with the committed ids: balance the carries (with parts 0-59:
-# ~54, ~58 and ~53 MiB of 64); `hide` prints them.
+# The tree travels with every call and grows with the committed ids: keep the carries balanced; `hide`
+# prints each call's total against the limit.
 CALLS = [
     ([".device/pylib", ".device/gguf/part-0"], "bash benchmarks/gpu/device.sh stash"),
     ([SHIPPED_PDM, ".device/spd-cache"], "bash benchmarks/gpu/device.sh stash"),
