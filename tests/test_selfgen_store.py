@@ -1,12 +1,12 @@
 """Self-generated ids on disk: under torchrun each rank writes its own parts into the shared
 directory, none overwrites another's, and a resume sees every rank's finished jobs; more rounds of
-jobs extend the list without renumbering what was generated."""
+jobs extend the list without renumbering what was generated, and a resume keeps the store's rounds."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from spd.train.selfgen import IdStore, Job, with_rounds
+from spd.train.selfgen import IdStore, Job, stored_rounds, with_rounds
 
 META = {"fingerprint": "f", "model": "tiny", "dtype": "torch.float32"}
 
@@ -57,3 +57,11 @@ def test_more_rounds_append_one_sampled_answer_per_prompt_and_keep_every_job_num
     grown = IdStore(tmp_path, {**META, "rounds": 3}, 128)  # a later run with more rounds: same ids, longer list
     assert grown.meta["rounds"] == 3 and grown.done() == {3}
     assert IdStore(tmp_path, {**META, "rounds": 2}, 128).meta["rounds"] == 3  # fewer rounds never shrink it
+
+
+def test_a_resume_generates_as_many_rounds_as_the_store_was_grown_to(tmp_path):
+    assert stored_rounds(tmp_path / "new") == 1  # a new store starts with round 0 only
+    IdStore(tmp_path, {**META, "rounds": 2}, 128)
+    assert stored_rounds(tmp_path) == 2  # a later run without --rounds carries on with round 1's jobs
+    IdStore(tmp_path, {**META, "rounds": 1}, 128)
+    assert stored_rounds(tmp_path) == 2

@@ -203,11 +203,19 @@ class IdStore:
         return [(int(j), resp[a:b]) for j, a, b in zip(z["job"], off[:-1], off[1:])]
 
 
+def stored_rounds(out: Path) -> int:
+    """The rounds the store at `out` was last grown to (meta.json "rounds"; 1 for a new store):
+    what a resume generates unless told otherwise."""
+    mpath = Path(out) / "meta.json"
+    return json.loads(mpath.read_text()).get("rounds", 1) if mpath.exists() else 1
+
+
 def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
                  max_prompt: int = 384, limit_tokens: int = 0, part_tokens: int = 200_000, seed: int = 0,
                  dtype: torch.dtype | None = None, device: str = "cpu", progress: bool = True, rank: int = 0,
-                 world: int = 1, stop: threading.Event | None = None, rounds: int = 1) -> IdStore:
-    """The responses to the first `rounds` rounds of jobs (see the module docstring).
+                 world: int = 1, stop: threading.Event | None = None, rounds: int | None = None) -> IdStore:
+    """The responses to the first `rounds` rounds of jobs (see the module docstring; None: the
+    store's own, `stored_rounds`).
     Resumable: skips jobs already in `out`; writes a part every `part_tokens` response tokens, and
     what it has when `stop` is set (at the next finished response).
     Rank r of `world` generates the jobs i with i % world == r (each rank its own shard)."""
@@ -219,6 +227,7 @@ def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 
 
     tok = load_tokenizer(model_dir)
     base = selfgen_jobs(tok, split, max_prompt, seed=seed)
+    rounds = stored_rounds(out) if rounds is None else rounds
     jobs = with_rounds(base, rounds, seed=seed)
     model = load_hf(model_dir, dtype, device)
     meta = {"model": Path(model_dir).name, "split": split, "jobs": len(base), "fingerprint": fingerprint(base),
@@ -264,8 +273,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=128, help="rows decoding together (default 128)")
     p.add_argument("--max-new", type=int, default=256, help="response cap in tokens (default 256)")
     p.add_argument("--max-prompt", type=int, default=384, help="prompt cap; older turns dropped to fit (default 384)")
-    p.add_argument("--rounds", type=int, default=1, help="job rounds: round 0 is every prompt's greedy answer (and a "
-                   "sampled one for a quarter), each further round one more sampled answer to every prompt (default 1)")
+    p.add_argument("--rounds", type=int, default=None, help="job rounds: round 0 is every prompt's greedy answer (and a "
+                   "sampled one for a quarter), each further round one more sampled answer to every prompt "
+                   "(default: as many as --out's meta.json says, 1 for a new directory)")
     p.add_argument("--tokens", type=int, default=0, help="stop after this many response tokens in all (0: every job; "
                    "under torchrun each rank generates its share)")
     p.add_argument("--part-tokens", type=int, default=200_000, help="response tokens per part file (default 200k)")
