@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from spd.pipeline import SHIPPED_DRAFTS
+from spd.train.selfgen import rounds_of
 from spd.train.trainer import tokens_in_all
 
 
@@ -52,7 +53,7 @@ def _data_lines(data: dict) -> list[str]:
 
 def _more_rounds(data: dict) -> str:
     """', and R more sampled answers to every prompt' where the ids have further job rounds."""
-    more = data.get("rounds", 1) - 1
+    more = rounds_of(data) - 1
     return f", and {more} more sampled answer{'s' * (more > 1)} to every prompt" if more else ""
 
 

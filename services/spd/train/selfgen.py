@@ -131,7 +131,12 @@ def rebuild_jobs(tokenizer, meta: dict, where: Path) -> list[Job]:
     base = selfgen_jobs(tokenizer, meta["split"], meta["max_prompt"], seed=meta["seed"])
     if fingerprint(base) != meta["fingerprint"]:
         raise ValueError(f"{where}: the job list rebuilt here differs from the one it was generated from")
-    return with_rounds(base, meta.get("rounds", 1), seed=meta["seed"])
+    return with_rounds(base, rounds_of(meta), seed=meta["seed"])
+
+
+def rounds_of(meta: dict) -> int:
+    """A store's job rounds (meta.json "rounds"; a store written before rounds existed has round 0 only)."""
+    return meta.get("rounds", 1)
 
 
 def fingerprint(jobs: list[Job]) -> str:
@@ -156,7 +161,7 @@ class IdStore:
             old = json.loads(mpath.read_text())
             if old["fingerprint"] != meta["fingerprint"]:
                 raise ValueError(f"{self.root} was generated for another job list ({old['fingerprint']})")
-            if meta.get("rounds", 1) > old.get("rounds", 1):  # more rounds: the job list grows at its end
+            if rounds_of(meta) > rounds_of(old):  # more rounds: the job list grows at its end
                 mpath.write_text(json.dumps({**old, "rounds": meta["rounds"]}, indent=2))
         else:
             mpath.write_text(json.dumps(meta, indent=2))
@@ -204,10 +209,10 @@ class IdStore:
 
 
 def stored_rounds(out: Path) -> int:
-    """The rounds the store at `out` was last grown to (meta.json "rounds"; 1 for a new store):
-    what a resume generates unless told otherwise."""
+    """The rounds the store at `out` was last grown to (1 for a new store): what a resume
+    generates unless told otherwise."""
     mpath = Path(out) / "meta.json"
-    return json.loads(mpath.read_text()).get("rounds", 1) if mpath.exists() else 1
+    return rounds_of(json.loads(mpath.read_text())) if mpath.exists() else 1
 
 
 def generate_ids(model_dir: Path, out: Path, split: str = "train", batch: int = 128, max_new: int = 256,
