@@ -1,8 +1,9 @@
 #!/bin/bash
 # A warm start of the shipped PDM on the self-generated parts it has not seen (--skip-shards), with
 # overrides (e.g. --prev, which grows the predecessor input from zero projections, and a fill mix),
-# then its held-out agreement at every fill level and its exact greedy acceptance on the evaluation
-# sets beside the shipped PDM (40 prompts x <= 256 tokens, the shipped PDM's card's setting):
+# then its held-out agreement at every fill level (the first 48 held-out sequences, and all 139) and
+# its exact greedy acceptance on the evaluation sets beside the shipped PDM (40 prompts x <= 256
+# tokens, the shipped PDM's card's setting):
 #   bash benchmarks/train_warm.sh NAME SKIP TOKENS LR THREADS [FLAG ...]
 # -> runs/warm-NAME/, benchmarks/results/warm-NAME/. Resumable: rerun the same command.
 #   e.g. bash benchmarks/train_warm.sh prevj30 11 729000 6e-4 2 --prev --fill judged:0.3
@@ -22,4 +23,7 @@ spd --log-level INFO train --method pdm --n 5 --ls 1 --init-from $SHIPPED --skip
 cp $OUT/pdm-run/history.jsonl $RES/history.jsonl
 python benchmarks/train_eval.py --draft $OUT/pdm-run/pdm --threads "$THREADS" | tail -1 > $RES/fills_$NAME.json
 python benchmarks/train_eval.py --draft $SHIPPED --threads "$THREADS" | tail -1 > $RES/fills_shipped.json
+for D in "$NAME=$OUT/pdm-run/pdm" "shipped=$SHIPPED"; do  # every held-out position (139 seqs), beside the 48
+  python benchmarks/train_eval.py --draft "${D#*=}" --threads "$THREADS" --seqs 139 | tail -1 > "$RES/fills_${D%%=*}_allheldout.json"
+done
 bash benchmarks/acceptance_sets.sh $RES 40 256 --draft "shipped=shipped" --draft "$NAME=$OUT/pdm-run/pdm"
