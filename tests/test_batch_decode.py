@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from spd.train.batch_decode import BatchDecoder
+from spd.train.batch_decode import BatchDecoder, sample
 from tests.conftest import ar_tokens
 
 
@@ -57,3 +57,16 @@ def test_features_recorded_while_decoding_equal_a_prefill_of_the_generated_text(
         assert (f["anchors"].float() - w["anchors"].float()).abs().amax() <= 1e-3 * scale
         torch.testing.assert_close(f["top_p"].float(), w["top_p"].float(), atol=1e-3, rtol=1e-2)
         assert (f["top_ids"][:, 0] == w["top_ids"][:, 0]).all()  # the argmax (near-ties aside)
+
+
+def test_sampled_ids_follow_the_softmax_at_each_rows_temperature():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 6, generator=gen) * 2  # [3, V]
+    logits[1, 2] = float("-inf")  # probability 0: never drawn
+    temps = torch.tensor([0.7, 1.0, 1.5])
+    n = 20_000
+    ids = sample(logits.repeat(n, 1), temps.repeat(n), gen).view(n, 3)  # [n, 3]
+    freq = torch.stack([torch.bincount(ids[:, r], minlength=6) / n for r in range(3)])  # [3, V]
+    want = torch.softmax(logits / temps[:, None], -1)
+    assert (freq - want).abs().max() < 0.015  # ~4 standard errors of a frequency at n = 20k
+    assert freq[1, 2] == 0
