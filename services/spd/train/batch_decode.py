@@ -52,8 +52,9 @@ def _attention_kernels(device: torch.device):
 def sample(logits: torch.Tensor, temps: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """logits [h, V], temps [h] (> 0) -> ids [h], each drawn from softmax(logits / T) (fp32) by
     inverting its CDF with one uniform a row: with F(v) = p_0 + ... + p_v and u ~ U[0, F(V-1)),
-    id = the first v with F(v) > u, so P(id = v) = F(v) - F(v-1) = p_v (a zero-probability id is
-    never drawn). One cumsum and a binary search: ~3x faster than torch.multinomial at [128, 49152]."""
+    id = the first v with F(v) > u, so P(id = v) = F(v) - F(v-1) = p_v, up to fp32 rounding (a
+    zero-probability id is not drawn). One cumsum and a binary search: at [128, 49152], 89 ms against
+    torch.multinomial's 251 ms on a 2-core Zen 1."""
     probs = torch.softmax(logits.float() / temps[:, None].clamp_min(1e-3), -1)  # [h, V]
     cdf = probs.cumsum(-1)  # [h, V]
     u = torch.rand(len(cdf), 1, generator=gen, device=cdf.device) * cdf[:, -1:]  # [h, 1]
