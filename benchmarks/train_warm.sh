@@ -21,9 +21,8 @@ spd --log-level INFO train --method pdm --n 5 --ls 1 --init-from $SHIPPED --skip
   --eval-seqs 48 --eval-every 900 --ckpt-every 300 --threads "$THREADS" --resume --no-progress \
   --out $OUT/pdm-run >> $OUT/train.log 2>&1
 cp $OUT/pdm-run/history.jsonl $RES/history.jsonl
-python benchmarks/train_eval.py --draft $OUT/pdm-run/pdm --threads "$THREADS" | tail -1 > $RES/fills_$NAME.json
-python benchmarks/train_eval.py --draft $SHIPPED --threads "$THREADS" | tail -1 > $RES/fills_shipped.json
-for D in "$NAME=$OUT/pdm-run/pdm" "shipped=$SHIPPED"; do  # every held-out position (139 seqs), beside the 48
+for D in "$NAME=$OUT/pdm-run/pdm" "shipped=$SHIPPED"; do  # the first 48 held-out sequences, then all 139
+  python benchmarks/train_eval.py --draft "${D#*=}" --threads "$THREADS" | tail -1 > "$RES/fills_${D%%=*}.json"
   python benchmarks/train_eval.py --draft "${D#*=}" --threads "$THREADS" --seqs 139 | tail -1 > "$RES/fills_${D%%=*}_allheldout.json"
 done
 bash benchmarks/acceptance_sets.sh $RES 40 256 --draft "shipped=shipped" --draft "$NAME=$OUT/pdm-run/pdm"
