@@ -144,8 +144,8 @@ def test_batched_ttt_loss_equals_the_sum_of_the_sequences_alone(tiny_dir):
     alone, together = run([[s] for s in seqs]), run([seqs])
     assert together[1:3] == alone[1:3] and together[1] > 0
     assert together[0] == pytest.approx(alone[0], rel=1e-5)
-    for a, b in zip(alone[3], together[3]):
-        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+    for a, b in zip(alone[3], together[3]):  # float32 sums in another order: error scales with |grad|
+        torch.testing.assert_close(b, a, atol=1e-5 * a.abs().max().item(), rtol=1e-4)
 
 
 def test_ttt_training_overfits_one_sequence(tiny_dir):
