@@ -11,7 +11,7 @@
 #                                         and histories); EAGLE-3's pieces wait in .device-keep/back/
 #   bash benchmarks/gpu/device.sh back    call 4: EAGLE-3's weights (over the 64 MiB call 3 may return)
 # Settings (environment): DEVICE (cuda), GEN_S (180), GEN_ROUNDS (2: round 0 is done; round 1, one more
-# sampled answer to each of 31,673 prompts, ~6.1M tokens, has ~3.9M left: ~14M in all), GEN_BATCH (1024), GEN_MAX_NEW (256),
+# sampled answer to each of 31,673 prompts, ~5.9M tokens, has ~3.6M left: ~14M in all), GEN_BATCH (1024), GEN_MAX_NEW (256),
 # TRAIN_TOKENS (0 = one pass over every id it reads), INIT (1), SKIP (INIT=1: the parts the shipped PDM has seen;
 # no default), LR (3e-4 warm, 2e-3 fresh), BATCH_TOKENS (2048), FIT_S (200: the budget and schedule fitted to this much training,
 # --fit-seconds), TRAIN_S (FIT_S + 40, a safety stop), EAGLE (0; 1: co-train EAGLE-3, which then trained one sequence
