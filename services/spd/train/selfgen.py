@@ -12,7 +12,7 @@ Jobs: every user turn of every training conversation (earlier turns, as ShareGPT
 context; the oldest turns are dropped until the prompt fits), answered greedily, plus a sampled
 answer (T = `SAMPLE_TEMP`) for a deterministic `SAMPLE_FRAC` of them: round 0, ~8.2M tokens for
 SmolLM2. Each further round (`--rounds`, meta.json "rounds") appends one more sampled answer to
-every prompt (31,673 for SmolLM2, ~6.1M tokens); a list with more rounds extends one with fewer,
+every prompt (31,673 for SmolLM2, ~5.9M tokens); a list with more rounds extends one with fewer,
 so ids already generated keep their job numbers. Evaluation sets never enter: ShareGPT only, train
 split only (`spd.train.data.is_heldout`).
 
