@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -95,7 +96,8 @@ def _no_sharegpt(*args):
     raise FileNotFoundError("no ShareGPT in this test")
 
 
-def test_the_online_teacher_runs_once_per_part_for_all_students_with_all_their_layers(tiny_dir, tmp_path, monkeypatch):
+def test_the_online_teacher_runs_once_per_part_for_all_students_with_all_their_layers(tiny_dir, tmp_path, monkeypatch,
+                                                                                       caplog):
     monkeypatch.setenv("SPD_CACHE", str(tmp_path / "spd-cache"))
     model_dir = tiny_dir("llama", num_layers=4, hidden_size=64, vocab_size=128)
     g = torch.Generator().manual_seed(0)
@@ -126,8 +128,10 @@ def test_the_online_teacher_runs_once_per_part_for_all_students_with_all_their_l
     pdm = TrainConfig(n=3, out=str(tmp_path / "pdm"), **data)
     plans = [trainer.plan(pdm), trainer.plan(dataclasses.replace(pdm, ls=2, out=str(tmp_path / "pdm-ls2"))),
              eagle.plan(EagleTrainConfig(ttt=2, out=str(tmp_path / "eagle"), **data))]  # default features (0, 2, 3)
-    students = train_plans(plans)
+    with caplog.at_level(logging.INFO, logger="spd.train.online"):
+        students = train_plans(plans)
 
+    assert sum(r.getMessage().startswith("[teacher] part_") for r in caplog.records) == sum(reads.values())  # timed
     assert reads == {"train/part_00000.npz": 2, "train/part_00001.npz": 2, "heldout/part_00000.npz": 1}  # once an epoch
     assert len(teachers) == 1 and 2 not in cache_layers(4) and {0, 2, 3} <= set(teachers[0])  # one target, every layer
     assert [s.module.d2t.tolist() for s in students[1:]] == [students[0].module.d2t.tolist()] * 2  # the same V_s: one vocabulary

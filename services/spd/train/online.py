@@ -5,8 +5,9 @@ responses are stored) reads like a `TeacherCache`: `shards()` are the parts, and
 pick)` runs the frozen target over the picked sequences of a part in batched bf16 prefills and
 returns the same per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p).
 The training stream asks for `chunk` sequences at a time, so a run that ends inside a part does not
-pay for the rest of it. One target pass (~1-1.5k tok/s on 2 CPU cores, far more on a GPU) replaces
-~6 KB a token of disk.
+pay for the rest of it. One target pass (~1-1.5k tok/s on 2 AMX cores in bf16, ~150 tok/s on 2
+AVX2-only cores in fp32, far more on a GPU; each pass logs its rate as `[teacher]`) replaces ~6 KB a
+token of disk.
 
 Sequence = prompt + response[:-1]; position P-1+s predicts response[s] (loss 1 there), exactly the
 layout `record_teacher` writes.
@@ -15,6 +16,8 @@ layout `record_teacher` writes.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -23,6 +26,8 @@ import torch
 
 from spd.train.selfgen import IdStore, Job, rebuild_jobs
 from spd.train.teacher import cache_layers, load_hf, sequence_dict, top_k_probs
+
+log = logging.getLogger(__name__)
 
 
 class OnlineTeacher:
@@ -124,4 +129,10 @@ class OnlineCache:
     def sequences(self, part: Path, pick: list[int] | None = None) -> list[dict]:
         """The teacher's features of the part's sequences (those at the indices `pick`, in that order)."""
         seqs = self.id_sequences(part)
-        return self.teacher.features(seqs if pick is None else [seqs[i] for i in pick])
+        seqs = seqs if pick is None else [seqs[i] for i in pick]
+        teacher, t0 = self.teacher, time.perf_counter()
+        rows = teacher.features(seqs)
+        dt, tokens = time.perf_counter() - t0, sum(len(t) for t, _ in seqs)
+        log.info("[teacher] %s: %d sequences, %d tokens (%d loss) in %.0f s, %.0f tok/s", part.name, len(seqs),
+                 tokens, sum(len(t) - s for t, s in seqs), dt, tokens / max(dt, 1e-9))
+        return rows
