@@ -2,8 +2,9 @@
 
 A directory of `spd.train.selfgen` parts (prompts are rebuilt from the deterministic job list, the
 responses are stored) reads like a `TeacherCache`: `shards()` are the parts, and `sequences(part,
-pick)` runs the frozen target over the picked sequences of a part in batched bf16 prefills and
-returns the same per-sequence dicts a cache shard holds (tokens, loss, anchors, top_ids, top_p).
+pick)` runs the frozen target over the picked sequences of a part in batched prefills (bf16 or fp32,
+`spd.train.precision`) and returns the same per-sequence dicts a cache shard holds (tokens, loss,
+anchors, top_ids, top_p).
 The training stream asks for `chunk` sequences at a time, so a run that ends inside a part does not
 pay for the rest of it. One target pass (~1-1.5k tok/s on 2 AMX cores in bf16, ~150 tok/s on 2
 AVX2-only cores in fp32, far more on a GPU; each pass logs its rate as `[teacher]`) replaces ~6 KB a
