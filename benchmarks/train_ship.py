@@ -41,12 +41,13 @@ def _load(path: str | None) -> dict | None:
 def _data_lines(data: dict) -> list[str]:
     if "jobs" in data:  # self-generated ids (spd.train.selfgen), features computed online
         return [
-            f"- **Self-generated**: the target's own answers (bf16, at most {data['max_new']} new tokens) to every user "
+            f"- **Self-generated**: the target's own answers (at most {data['max_new']} new tokens) to every user "
             f"turn of the ShareGPT train split ({data['jobs']:,} jobs; earlier turns as context, oldest dropped to fit "
             f"{data['max_prompt']} prompt tokens), greedy, plus a sampled answer at T = {data['sample_temp']} for "
             f"{data['sample_frac']:.0%} of them{_more_rounds(data)}. Loss only on the response tokens.",
-            f"- stored as token ids in `{data['cache']}` (committed, 2 bytes a token); the teacher's features (anchor states and top-32) are recomputed by a bf16 "
-            "prefill inside the training loop (`spd.train.online`).",
+            f"- stored as token ids in `{data['cache']}` (committed, 2 bytes a token); the teacher's features (anchor states and top-32) are recomputed by a batched "
+            "prefill inside the training loop (`spd.train.online`). Generation and prefill run in bf16 where the "
+            "hardware multiplies bf16 natively, fp32 elsewhere (`spd.train.precision`; each part records its own).",
         ]
     return [f"- teacher cache `{data.get('cache', '?')}` ({data.get('source', '?')})"]
 
