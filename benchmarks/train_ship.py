@@ -75,6 +75,19 @@ def _warm_start(notes: dict) -> str:
     return f", after a warm start from a draft that had seen {base:,} ({tokens_in_all(notes):,} in all)" if base else ""
 
 
+def _averaged_lines(notes: dict) -> list[str]:
+    """The ingredients of an averaged export (spd.train.average), or nothing."""
+    parts = [f"{a['weight']:g} × `{a['path']}` ({a['tokens_in_all']:,} tokens in all)" for a in notes.get("averaged", [])]
+    return [f"- weights: the average {' + '.join(parts)} (`python -m spd.train.average`)"] if parts else []
+
+
+def _heldout_line(notes: dict, fills: dict | None) -> str:
+    """Held-out p and KL at a = n: from the fills where measured (an average has no run of its own)."""
+    last = fills and fills.get(f"a{fills['n']}")
+    p, kl = (last["p"], last["kl"]) if last else (notes.get("heldout_p"), notes.get("heldout_loss"))
+    return f"- held-out top-1 agreement at a = n: p = {p or float('nan'):.3f} (KL {kl or float('nan'):.3f})"
+
+
 def _acceptance_lines(acc: dict, label: str) -> list[str]:
     sets = acc["drafts"][label]["sets"]
     others = [k for k in acc["drafts"] if k != label]
@@ -131,8 +144,8 @@ def card(cfg: dict, size_mb: float, hist: list[dict], model: str, fills: dict | 
         f"to 0 at the budget, {notes.get('batch_tokens')} response positions per step, one pass",
         f"- response tokens trained on: **{notes.get('tokens_seen', 0):,}**{_warm_start(notes)}; training wall time {hours:.1f} h on a CPU "
         "(as recorded by the run's checkpoints; work redone after a restart is counted once)",
-        f"- held-out top-1 agreement at a = n: p = {notes.get('heldout_p') or float('nan'):.3f} "
-        f"(KL {notes.get('heldout_loss') or float('nan'):.3f})", "",
+        *_averaged_lines(notes),
+        _heldout_line(notes, fills), "",
         "| tokens seen | held-out KL | held-out p (a = n) | hours |", "|---|---|---|---|",
         *[f"| {h['seen']:,} | {h['heldout_loss']:.3f} | {h['heldout_p']:.3f} | {h['elapsed_s'] / 3600:.1f} |" for h in hist], "",
     ]

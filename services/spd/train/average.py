@@ -1,0 +1,76 @@
+"""Weight averaging of exported drafts of one lineage (a two-ingredient "model soup").
+
+A warm start re-warms the learning rate, which knocks a converged PDM off its optimum before the
+decay brings it back; on a small increment of data it ends up no better than where it started. The
+average of the draft before and after such a warm start keeps what the new data taught and undoes
+most of the knock. The drafts must share shape and draft vocabulary (one lineage), otherwise the
+average is meaningless and is refused.
+
+  python -m spd.train.average --out runs/avg/pdm OLD_DRAFT NEW_DRAFT [--weights 0.5 0.5]
+
+The output is an ordinary export (PDM.save): the last draft's config, whose notes gain `averaged`
+(each ingredient's path, weight and tokens seen in all) and lose the held-out figures of a run
+that no longer describes these weights (measure them again: benchmarks/train_eval.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from spd.train.trainer import tokens_in_all
+
+
+def average_states(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
+    """Σ_i w_i·state_i for floating tensors (computed in fp32, stored in each tensor's dtype); other
+    tensors (the draft vocabulary d2t) must be identical in every state."""
+    first = states[0]
+    for s in states[1:]:
+        if s.keys() != first.keys() or any(s[k].shape != first[k].shape for k in first):
+            raise ValueError("drafts differ in shape: only drafts of one lineage can be averaged")
+    out = {}
+    for k, t in first.items():
+        if t.is_floating_point():
+            out[k] = sum(w * s[k].float() for w, s in zip(weights, states)).to(t.dtype)
+        elif all(torch.equal(s[k], t) for s in states):
+            out[k] = t
+        else:
+            raise ValueError(f"drafts differ in {k}: only drafts of one lineage can be averaged")
+    return out
+
+
+def average(drafts: list[Path], weights: list[float], out: Path) -> Path:
+    """Write the weighted average of the exports `drafts` to `out` (an export directory)."""
+    if len(drafts) != len(weights) or len(drafts) < 2:
+        raise ValueError("give two or more drafts and one weight for each")
+    if abs(sum(weights) - 1) > 1e-6 or min(weights) < 0:
+        raise ValueError(f"weights must be non-negative and sum to 1, got {weights}")
+    configs = [json.loads((d / "config.json").read_text()) for d in drafts]
+    state = average_states([load_file(d / "pdm.safetensors") for d in drafts], weights)
+    config = configs[-1]
+    notes = {k: v for k, v in config.get("notes", {}).items() if k not in ("heldout_p", "heldout_loss", "curve")}
+    notes["averaged"] = [{"path": str(d), "weight": w, "tokens_in_all": tokens_in_all(c.get("notes", {}))}
+                         for d, w, c in zip(drafts, weights, configs)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({**config, "notes": notes}, indent=2))
+    save_file(state, out / "pdm.safetensors")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("drafts", nargs="+", type=Path, help="export directories (config.json, pdm.safetensors)")
+    ap.add_argument("--weights", nargs="+", type=float, help="one per draft, summing to 1 (default: equal)")
+    ap.add_argument("--out", required=True, type=Path, help="the averaged export's directory")
+    args = ap.parse_args(argv)
+    weights = args.weights or [1 / len(args.drafts)] * len(args.drafts)
+    print(average(args.drafts, weights, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
