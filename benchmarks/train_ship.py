@@ -77,7 +77,7 @@ def _warm_start(notes: dict) -> str:
 
 def _averaged_lines(notes: dict) -> list[str]:
     """The ingredients of an averaged export (spd.train.average), or nothing."""
-    parts = [f"{a['weight']:g} × `{a['path']}` ({a['tokens_in_all']:,} tokens in all)" for a in notes.get("averaged", [])]
+    parts = [f"{a['weight']:g} × the draft then at `{a['path']}` ({a['tokens_in_all']:,} tokens in all)" for a in notes.get("averaged", [])]
     return [f"- weights: the average {' + '.join(parts)} (`python -m spd.train.average`)"] if parts else []
 
 
