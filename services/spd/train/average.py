@@ -35,7 +35,10 @@ def average_states(states: list[dict[str, torch.Tensor]], weights: list[float]) 
     out = {}
     for k, t in first.items():
         if t.is_floating_point():
-            out[k] = sum(w * s[k].float() for w, s in zip(weights, states)).to(t.dtype)
+            acc = torch.zeros_like(t, dtype=torch.float32)
+            for w, s in zip(weights, states):
+                acc += w * s[k].float()
+            out[k] = acc.to(t.dtype)
         elif all(torch.equal(s[k], t) for s in states):
             out[k] = t
         else:
