@@ -3,8 +3,8 @@
 A warm start re-warms the learning rate, which knocks a converged PDM off its optimum before the
 decay brings it back; on a small increment of data it can end worse than where it started (300k
 tokens after 10M did, at lr 3e-4). The average of the drafts before and after such a warm start
-keeps what the new data taught and undoes most of the knock. The drafts must share shape and draft vocabulary (one lineage), otherwise the
-average is meaningless and is refused.
+keeps what the new data taught and undoes most of the knock. The drafts must share shape and draft
+vocabulary (one lineage), otherwise the average is meaningless and is refused.
 
   python -m spd.train.average --out runs/avg/pdm OLD_DRAFT NEW_DRAFT [--weights 0.5 0.5]
 
@@ -16,17 +16,16 @@ that no longer describes these weights (measure them again: benchmarks/train_eva
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
+from spd.core.pdm import PDM
 from spd.train.trainer import tokens_in_all
 
 
 def average_states(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict[str, torch.Tensor]:
-    """Σ_i w_i·state_i for floating tensors (computed in fp32, stored in each tensor's dtype); other
+    """Σ_i w_i·state_i for floating tensors (computed in fp32, returned in each tensor's dtype); other
     tensors (the draft vocabulary d2t) must be identical in every state."""
     first = states[0]
     for s in states[1:]:
@@ -52,15 +51,14 @@ def average(drafts: list[Path], weights: list[float], out: Path) -> Path:
         raise ValueError("give two or more drafts and one weight for each")
     if abs(sum(weights) - 1) > 1e-6 or min(weights) < 0:
         raise ValueError(f"weights must be non-negative and sum to 1, got {weights}")
-    configs = [json.loads((d / "config.json").read_text()) for d in drafts]
-    state = average_states([load_file(d / "pdm.safetensors") for d in drafts], weights)
-    config = configs[-1]
-    notes = {k: v for k, v in config.get("notes", {}).items() if k not in ("heldout_p", "heldout_loss", "curve")}
-    notes["averaged"] = [{"path": str(d), "weight": w, "tokens_in_all": tokens_in_all(c.get("notes", {}))}
-                         for d, w, c in zip(drafts, weights, configs)]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**config, "notes": notes}, indent=2))
-    save_file(state, out / "pdm.safetensors")
+    pdms = [PDM.load(d) for d in drafts]  # fp32 copies of the fp16 exports
+    last = pdms[-1]
+    last.load_state_dict(average_states([p.state_dict() for p in pdms], weights))
+    notes = {k: v for k, v in last.config.notes.items() if k not in ("heldout_p", "heldout_loss", "curve")}
+    notes["averaged"] = [{"path": str(d), "weight": w, "tokens_in_all": tokens_in_all(p.config.notes)}
+                         for d, w, p in zip(drafts, weights, pdms)]
+    last.config.notes = notes
+    last.save(out)  # the export format: fp16 safetensors + config.json
     return out
 
 
