@@ -7,12 +7,16 @@ which is the one judged next when the previous draft was rejected). With a per-j
 p, α = 1 / (p + (1 - p) n) and S0 = n·α (design §4); with p(a) per fill level, the engine judges
 fill a in the share w_a of schedule.judged_fills and α = schedule.alpha_from_fills(p) (the last line's
 "alpha_judged": what held-out ShareGPT text would give, not the evaluation sets).
+
+For an averaged export (spd.train.average), `--extend-history RUN_HISTORY OUT` writes OUT = the
+lines of the run it came from, then one line with the figures measured here (average.history_line).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
@@ -20,6 +24,7 @@ from spd.core.pdm import PDM
 from spd.core.schedule import alpha_from_fills, judged_fills, staircase_offset
 from spd.core.split import uniform_split
 from spd.models.loading import load_config, resolve_model
+from spd.train.average import history_line
 from spd.train.loop import held_sequences, resolve_cache
 from spd.train.trainer import evaluate, target_to_draft
 
@@ -32,6 +37,8 @@ def main(argv=None) -> int:
                     help="held-out cache or self-generated ids (default: the committed held-out ids)")
     ap.add_argument("--seqs", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--extend-history", nargs=2, type=Path, metavar=("RUN_HISTORY", "OUT"),
+                    help="an averaged draft: write OUT = RUN_HISTORY's lines + this measurement's line")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
@@ -56,6 +63,10 @@ def main(argv=None) -> int:
     out["alpha_judged"] = round(alpha_from_fills(ps), 4)
     out["s0_judged"] = round(n * out["alpha_judged"], 3)
     print(json.dumps(out))
+    if args.extend_history:
+        src, dest = args.extend_history
+        lines = src.read_text().splitlines()
+        dest.write_text("\n".join(lines + [json.dumps(history_line(json.loads(lines[-1]), out, pdm.config.notes))]) + "\n")
     return 0
 
 

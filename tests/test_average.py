@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spd.core.pdm import PDM, random_pdm
-from spd.train.average import average
+from spd.train.average import average, history_line
 
 TARGET = SimpleNamespace(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                          rms_norm_eps=1e-6, vocab_size=40)
@@ -45,3 +45,15 @@ def test_average_refuses_drafts_of_different_vocabularies_or_bad_weights(tmp_pat
         average([tmp_path / "a", tmp_path / "b"], [0.5, 0.5], tmp_path / "avg")
     with pytest.raises(ValueError, match="sum to 1"):
         average([tmp_path / "a", tmp_path / "a"], [0.5, 0.6], tmp_path / "avg")
+
+
+def test_history_line_of_an_average_keeps_the_run_position_and_takes_the_measured_figures(tmp_path):
+    _export(tmp_path / "a", seed=1)
+    _export(tmp_path / "b", seed=2, tokens_seen=300)
+    notes = json.loads((average([tmp_path / "a", tmp_path / "b"], [0.5, 0.5], tmp_path / "avg") / "config.json").read_text())["notes"]
+    run_last = {"step": 7, "seen": 300, "heldout_loss": 9.0, "heldout_p": 0.1, "elapsed_s": 12.5}
+    fills = {"n": 3, "a1": {"p": 0.6, "kl": 0.8}, "a2": {"p": 0.5, "kl": 1.0}, "a3": {"p": 0.4, "kl": 1.2}}
+    line = history_line(run_last, fills, notes)
+    assert {k: line[k] for k in ("step", "seen", "elapsed_s")} == {"step": 7, "seen": 300, "elapsed_s": 12.5}
+    assert (line["heldout_p"], line["heldout_loss"], line["heldout_p_a1"], line["heldout_loss_a1"]) == (0.4, 1.2, 0.6, 0.8)
+    assert f"0.5 x {tmp_path / 'a'} (1,100 tokens in all)" in line["averaged"]

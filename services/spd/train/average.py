@@ -10,7 +10,8 @@ vocabulary (one lineage), otherwise the average is meaningless and is refused.
 
 The output is an ordinary export (PDM.save): the last draft's config, whose notes gain `averaged`
 (each ingredient's path, weight and tokens seen in all) and lose the held-out figures of a run
-that no longer describes these weights (measure them again: benchmarks/train_eval.py).
+that no longer describes these weights (measure them again: benchmarks/train_eval.py, whose
+`--extend-history` gives the average a history.jsonl: the run's lines, then `history_line`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ def average(drafts: list[Path], weights: list[float], out: Path) -> Path:
     last.config.notes = notes
     last.save(out)  # the export format: fp16 safetensors + config.json
     return out
+
+
+def history_line(run_last: dict, fills: dict, notes: dict) -> dict:
+    """The history.jsonl line of an averaged export: the last run's step, tokens and hours (averaging
+    trains nothing) with the held-out KL and p measured on the average at a = n and a = 1 (`fills`:
+    benchmarks/train_eval.py's summary), and its ingredients (`notes`: the export's config notes)."""
+    last, first = fills[f"a{fills['n']}"], fills["a1"]
+    ingredients = " + ".join(f"{a['weight']:g} x {a['path']} ({a['tokens_in_all']:,} tokens in all)" for a in notes["averaged"])
+    return {"step": run_last["step"], "seen": run_last["seen"], "heldout_loss": last["kl"], "heldout_p": last["p"],
+            "heldout_p_a1": first["p"], "heldout_loss_a1": first["kl"], "elapsed_s": run_last["elapsed_s"],
+            "averaged": f"{ingredients} (spd.train.average)"}
 
 
 def main(argv=None) -> int:
