@@ -24,6 +24,7 @@ SEGMENTS=(  # history.jsonl under $R @ tokens in all before it
   warm-p85all/history.jsonl@8779451
   warm-p100/history_avg-p100lr1.jsonl@9993161
   warm-p103/history_avg-p103.jsonl@10286350
+  warm-p112/history_avg-p112.jsonl@11072410
 )
 N="shipped PDM (2M base run, then $((${#SEGMENTS[@]} - 1)) warm starts)"
 ARGS=()
