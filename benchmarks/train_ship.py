@@ -98,8 +98,8 @@ def _acceptance_lines(acc: dict, label: str) -> list[str]:
              "| set | N | K | α | S0 = n·α | judged-draft acceptance |" + "".join(f" S0 {o} |" for o in others),
              "|---|---|---|---|---|---|" + "---|" * len(others)]
     for name, r in sets.items():
-        lines.append(f"| {name} | {r['N']:,} | {r['K']:,} | {r['alpha']:.3f} | {r['S0']:.2f} | "
-                     f"{r['judgement_accept_rate']:.3f} |" + "".join(f" {acc['drafts'][o]['sets'][name]['S0']:.2f} |" for o in others))
+        lines.append(f"| {name} | {r['N']:,} | {r['K']:,} | {r['alpha']:.3f} | {r['S0']:.3f} | "
+                     f"{r['judgement_accept_rate']:.3f} |" + "".join(f" {acc['drafts'][o]['sets'][name]['S0']:.3f} |" for o in others))
     return lines + [""]
 
 
