@@ -27,6 +27,7 @@ SEGMENTS=(  # run histories under $R, in training order
   warm-p103/history_avg-p103.jsonl
   warm-p112/history_avg-p112.jsonl
   warm-p118/history_avg-p118.jsonl
+  warm-p125/history_avg-p125.jsonl
 )
 N="shipped PDM (2M base run, then $((${#SEGMENTS[@]} - 1)) warm starts)"
 last_seen() { tail -1 "$1" | python -c 'import json, sys; print(json.load(sys.stdin)["seen"])'; }
