@@ -7,7 +7,7 @@ HumanEval (none of them used in training). The target's greedy run (and its anch
 computed once per prompt and replayed for every draft, so drafts are compared on the same text.
 
     python benchmarks/acceptance.py [--draft [LABEL=]DIR ...] [--eagle [LABEL=]DIR ...] [--k 7] [--n 5]
-        [--prompts 10] [--max-tokens 128] [--out ...]
+        [--prompts 10] [--skip 0] [--max-tokens 128] [--out ...]
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=7, help="EAGLE-3 chain length (default 7)")
     ap.add_argument("--n", type=int, default=5)
     ap.add_argument("--schedule", default="pre", choices=["pre", "post"])
-    ap.add_argument("--prompts", type=int, default=10, help="first K prompts of each set")
+    ap.add_argument("--prompts", type=int, default=10, help="K prompts of each set, after the skipped ones")
+    ap.add_argument("--skip", type=int, default=0, help="skip each set's first S prompts (a sample beside the first K)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--out", default="benchmarks/results/acceptance.json")
@@ -74,7 +75,7 @@ def main() -> None:
         counts = {label: [0, 0, 0, 0] for label in drafters}  # N, K, accepts, rejects
         ecounts = {label: [0, 0, 0] for label in eagles}  # decode tokens, rounds, accepts
         t0 = time.perf_counter()
-        for messages in tqdm(load(name, args.prompts), desc=name):
+        for messages in tqdm(load(name, args.skip + args.prompts)[args.skip:], desc=name):
             prompt = encode_prompt(local.tokenizer, messages=messages)
             generated, anchors = ar_with_anchors(local.stages, prompt, stop)
             for label, drafter in drafters.items():
@@ -92,10 +93,11 @@ def main() -> None:
         for label, (D, R, acc) in ecounts.items():
             rows[label][name] = {"prompts": args.prompts, "k": args.k, "decode_tokens": D, "rounds": R, "accepts": acc,
                                  "tau": D / R}
-    result = {"n": args.n, "schedule": args.schedule, "max_tokens": args.max_tokens,
+    result = {"n": args.n, "schedule": args.schedule, "max_tokens": args.max_tokens, "skip": args.skip,
               "drafts": {label: {"dir": path or "shipped", "sets": rows[label]} for label, path in drafts},
               "eagle": {label: {"dir": path, "k": args.k, "sets": rows[label]} for label, path in eagle_specs}}
-    lines = [f"n = {args.n}, {args.schedule}-step, greedy, first {args.prompts} prompts per set, <= {args.max_tokens} tokens, "
+    lines = [f"n = {args.n}, {args.schedule}-step, greedy, prompts {args.skip + 1}-{args.skip + args.prompts} of each set, "
+             f"<= {args.max_tokens} tokens, "
              "exact replay (the target's text computed once, every draft replayed on it)",
              "", "| draft | set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {label} | {name} | {r['N']} | {r['K']} | {r['alpha']:.3f} | {r['S0']:.2f} | {r['judgement_accept_rate']:.3f} |"
