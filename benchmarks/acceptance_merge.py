@@ -23,11 +23,11 @@ from results_io import save  # noqa: E402
 from spd.eval.prompts import load  # noqa: E402
 
 
-def merge(parts: list[tuple[dict, str]], set_: str) -> dict:
-    """Sum one set's N and K over parts [(acceptance JSON, label)] that tile the prompts in order."""
-    first = parts[0][0]
+def merge(parts: list[tuple[str, dict, str]], set_: str) -> dict:
+    """Sum one set's N and K over parts [(file, acceptance JSON, label)] that tile the prompts in order."""
+    first = parts[0][1]
     rows, n_sum, k_sum, end = [], 0, 0, 0
-    for run, label in sorted(parts, key=lambda p: p[0].get("skip", 0)):
+    for file, run, label in sorted(parts, key=lambda p: p[1].get("skip", 0)):
         for key in ("n", "schedule", "max_tokens"):
             if run[key] != first[key]:
                 raise SystemExit(f"parts differ in {key}: {run[key]} != {first[key]}")
@@ -36,7 +36,7 @@ def merge(parts: list[tuple[dict, str]], set_: str) -> dict:
             raise SystemExit(f"prompts {end + 1}..{skip} are in no part (or two parts overlap)")
         end = skip + got["prompts"]
         n_sum, k_sum = n_sum + got["N"], k_sum + got["K"]
-        rows.append({"prompts": f"{skip + 1}-{end}", "label": label, "N": got["N"], "K": got["K"],
+        rows.append({"prompts": f"{skip + 1}-{end}", "file": file, "label": label, "N": got["N"], "K": got["K"],
                      "S0": first["n"] * got["N"] / got["K"]})
     return {"set": set_, "n": first["n"], "schedule": first["schedule"], "max_tokens": first["max_tokens"],
             "prompts": end, "set_size": len(load(set_)), "N": n_sum, "K": k_sum, "alpha": n_sum / k_sum, "S0": first["n"] * n_sum / k_sum,
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--set", required=True, help="mtbench, gsm8k or humaneval")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    parts = [(json.loads(Path(p).read_text()), label) for p, label in (a.rsplit(":", 1) for a in args.parts)]
+    parts = [(f, json.loads(Path(f).read_text()), label) for f, label in (a.rsplit(":", 1) for a in args.parts)]
     m = merge(parts, args.set)
     save(args.out, m, table(m))
 
