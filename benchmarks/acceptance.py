@@ -75,7 +75,8 @@ def main() -> None:
         counts = {label: [0, 0, 0, 0] for label in drafters}  # N, K, accepts, rejects
         ecounts = {label: [0, 0, 0] for label in eagles}  # decode tokens, rounds, accepts
         t0 = time.perf_counter()
-        for messages in tqdm(load(name, args.skip + args.prompts)[args.skip:], desc=name):
+        chosen = load(name, args.skip + args.prompts)[args.skip:]  # fewer than K where the set ends first
+        for messages in tqdm(chosen, desc=name):
             prompt = encode_prompt(local.tokenizer, messages=messages)
             generated, anchors = ar_with_anchors(local.stages, prompt, stop)
             for label, drafter in drafters.items():
@@ -88,10 +89,10 @@ def main() -> None:
                 c = ecounts[label]
                 c[:] = c[0] + e.generated_tokens - 1, c[1] + e.cycles, c[2] + e.accepts
         for label, (N, K, acc, rej) in counts.items():
-            rows[label][name] = {"prompts": args.prompts, "N": N, "K": K, "alpha": N / K, "S0": args.n * N / K,
+            rows[label][name] = {"prompts": len(chosen), "N": N, "K": K, "alpha": N / K, "S0": args.n * N / K,
                                  "judgement_accept_rate": acc / max(acc + rej, 1), "seconds": time.perf_counter() - t0}
         for label, (D, R, acc) in ecounts.items():
-            rows[label][name] = {"prompts": args.prompts, "k": args.k, "decode_tokens": D, "rounds": R, "accepts": acc,
+            rows[label][name] = {"prompts": len(chosen), "k": args.k, "decode_tokens": D, "rounds": R, "accepts": acc,
                                  "tau": D / R}
     result = {"n": args.n, "schedule": args.schedule, "max_tokens": args.max_tokens, "skip": args.skip,
               "drafts": {label: {"dir": path or "shipped", "sets": rows[label]} for label, path in drafts},

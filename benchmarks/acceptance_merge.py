@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from results_io import save  # noqa: E402
 
-from spd.eval.prompts import load  # noqa: E402
+from spd.eval.prompts import SETS, load  # noqa: E402
 
 
 def merge(parts: list[tuple[str, dict, str]], set_: str) -> dict:
@@ -39,8 +39,8 @@ def merge(parts: list[tuple[str, dict, str]], set_: str) -> dict:
         rows.append({"prompts": f"{skip + 1}-{end}", "file": file, "label": label, "N": got["N"], "K": got["K"],
                      "S0": first["n"] * got["N"] / got["K"]})
     return {"set": set_, "n": first["n"], "schedule": first["schedule"], "max_tokens": first["max_tokens"],
-            "prompts": end, "set_size": len(load(set_)), "N": n_sum, "K": k_sum, "alpha": n_sum / k_sum, "S0": first["n"] * n_sum / k_sum,
-            "parts": rows}
+            "prompts": end, "set_size": len(load(set_)),
+            "N": n_sum, "K": k_sum, "alpha": n_sum / k_sum, "S0": first["n"] * n_sum / k_sum, "parts": rows}
 
 
 def table(m: dict) -> str:
@@ -54,7 +54,7 @@ def table(m: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("parts", nargs="+", help="PART.json:LABEL")
-    ap.add_argument("--set", required=True, help="mtbench, gsm8k or humaneval")
+    ap.add_argument("--set", required=True, choices=SETS)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     parts = [(f, json.loads(Path(f).read_text()), label) for f, label in (a.rsplit(":", 1) for a in args.parts)]
