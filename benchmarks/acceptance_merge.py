@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from results_io import save  # noqa: E402
-
-from spd.eval.prompts import SETS, load  # noqa: E402
+from spd.eval.prompts import SETS, load
+from results_io import save  # (benchmarks/ is on sys.path: run as a script)
 
 
 def merge(parts: list[tuple[str, dict, str]], set_: str) -> dict:
