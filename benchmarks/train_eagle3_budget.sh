@@ -1,0 +1,18 @@
+#!/bin/bash
+# The EAGLE-3-style draft (TTT 4) at one of the shipped PDM lineage's budgets, on the same
+# self-generated ids in the same order, features from the online teacher, with the lineage's lr,
+# schedule, V_s and batch: SPD's S0 against EAGLE-3's tau at the same training budget. At 2000000
+# tokens it is the twin of the lineage's base run (`runs/long/spd-n5-ls1`, the card's 2M PDM): same
+# flags but the method. On a 2-core CPU that takes hours (~140 tokens/s: the online teacher's fp32
+# prefill and the TTT unroll), so it checkpoints every 5 min and evaluates every 30 min; rerun the
+# same command (each session) to go on where it stopped:
+#   bash benchmarks/train_eagle3_budget.sh TOKENS [THREADS]   -> runs/eagle3-TOKENS/ (train.log, history.jsonl, draft/)
+set -eu
+. "$(dirname "$0")/../.venv/bin/activate"
+cd "$(dirname "$0")/.."
+TOKENS=${1:?usage: train_eagle3_budget.sh TOKENS [THREADS]}
+IDS=data/selfgen/SmolLM2-135M-Instruct OUT=runs/eagle3-$TOKENS
+mkdir -p $OUT
+exec spd --log-level INFO train --method eagle3 --ttt 4 --lr 1.5e-3 --vocab 16384 --batch-tokens 1024 \
+  --tokens "$TOKENS" --data $IDS/train --heldout $IDS/heldout --eval-seqs 48 --eval-every 1800 \
+  --ckpt-every 300 --threads "${2:-2}" --resume --no-progress --out $OUT >> $OUT/train.log 2>&1
