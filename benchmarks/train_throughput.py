@@ -19,7 +19,7 @@ steady state (an untimed pass first, then timed passes):
        step over only the rows the loss rows depend on (`spd.train.aligned.aligned_batch_hidden`),
        head + KL a chunk of rows at a time (`spd.train.trainer.head_kl`), fused AdamW
 EAGLE-3 trainer = its step-1 positions per second (TTT unroll + KL at every step + backward +
-fused AdamW), same sequences, both in the batched dtype:
+fused AdamW), same sequences, both in the batched dtype and through the same loss (`head_kl`'s head + KL):
   old  one sequence per unroll
   new  an optimizer step's sequences right-padded into one batch (`spd.eagle.train.batch_ttt_loss`)
 

@@ -148,6 +148,42 @@ def test_batched_ttt_loss_equals_the_sum_of_the_sequences_alone(tiny_dir):
         torch.testing.assert_close(b, a, atol=1e-5 * a.abs().max().item(), rtol=1e-4)
 
 
+def test_ttt_loss_through_the_fused_head_equals_the_kl_of_the_full_logits(tiny_dir):
+    """batch_ttt_loss's chunked head + KL (spd.train.trainer.head_kl) gives the loss, the step-1 hits
+    and the gradients of the definition: teacher_kl of draft.logits over each step's loss rows."""
+    from spd.eagle.train import batch_ttt_loss, loss_rows
+    from spd.train.trainer import target_to_draft, teacher_kl
+
+    model_dir = tiny_dir("qwen3", num_layers=6)
+    config, stages, draft = _eagle(model_dir, seed=3, scale=0.15, vocab_frac=2)
+    seq = _teacher_sequence(config, stages, 37, 4)
+    t2d = target_to_draft(draft.d2t, config.vocab_size)
+    rows = loss_rows(seq, t2d)
+    ids = t2d[seq["top_ids"].long()]  # [T, k] draft ids, -1 outside
+
+    def grads(kl):
+        draft.zero_grad()
+        kl.backward()
+        return [p.grad.clone() for p in draft.parameters()]
+
+    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    for _ in range(15):  # trained a little: some step-1 drafts agree, so the hits are compared too
+        grads(batch_ttt_loss(draft, [seq], [0, 1, 2], t2d, 3)[0])
+        opt.step()
+    kl, n, hits = batch_ttt_loss(draft, [seq], [0, 1, 2], t2d, 3)
+    fused = grads(kl)
+    ref, ref_hits = torch.zeros(()), 0
+    for j, h in enumerate(ttt_hidden(draft, seq["anchors"].float(), seq["tokens"].long(), 3), start=1):
+        i = rows[rows >= j - 1]
+        logits = draft.logits(h[i])  # [R_j, V_s]
+        ref = ref + teacher_kl(logits, ids[i + 1], seq["top_p"][i + 1])
+        ref_hits += int((logits.argmax(-1) == ids[i + 1, 0]).sum()) if j == 1 else 0
+    assert n == len(rows) > 0 and hits == ref_hits > 0
+    assert kl.item() == pytest.approx(ref.item(), rel=1e-5)
+    for a, b in zip(grads(ref), fused):
+        torch.testing.assert_close(b, a, atol=1e-5 * a.abs().max().item(), rtol=1e-4)
+
+
 def test_ttt_training_overfits_one_sequence(tiny_dir):
     from spd.eagle.train import batch_ttt_loss
     from spd.train.trainer import target_to_draft

@@ -5,9 +5,10 @@ predicting x_{i+2}). Step j >= 2 feeds each position the draft's own step-(j-1) 
 position i-1, as inference does for the j-th draft of a chain starting at t = i-j+1; its query sees
 the step-1 keys at positions <= t and the diagonal keys of steps 2..j of its own chain (exactly the
 draft's KV cache at that point of inference). Loss at every step: KL(teacher || draft) of the token
-that step predicts, restricted to the draft vocabulary (as spd.train.trainer.batch_loss), on
-assistant positions whose teacher argmax is in the draft vocabulary. Budget = loss positions seen
-at step 1, like the PDM trainer; both are students of the one loop, spd.train.loop.
+that step predicts, restricted to the draft vocabulary, on assistant positions whose teacher argmax
+is in the draft vocabulary, through the PDM's chunked head + KL (spd.train.trainer.head_kl).
+Budget = loss positions seen at step 1, like the PDM trainer; both are students of the one loop,
+spd.train.loop.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from spd.eagle.model import EagleDraft, default_feature_layers, random_eagle
 from spd.config import EagleTrainConfig
 from spd.train.loop import Plan, RunState, Setup, train_plans
-from spd.train.trainer import loss_rows as teacher_rows, target_to_draft, teacher_kl
+from spd.train.trainer import head_kl, loss_rows as teacher_rows, target_to_draft, teacher_kl
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,10 @@ def batch_ttt_loss(draft: EagleDraft, seqs: list[dict], cols: list[int], t2d: to
         bj, ij = b[keep], i[keep]
         if len(ij) == 0:
             continue
-        logits = draft.logits(h[bj, ij])  # [R_j, V_s]
-        kls.append(teacher_kl(logits, ids[bj, ij + 1], top_p[bj, ij + 1]))
+        kl, step_hits = head_kl(draft, h[bj, ij], ids[bj, ij + 1], top_p[bj, ij + 1])  # the PDM's fused head + KL
+        kls.append(kl)
         if j == 1:
-            hits = int((logits.argmax(-1) == ids[bj, ij + 1, 0]).sum())
+            hits = step_hits
     return torch.stack(kls).sum(), len(i), hits
 
 

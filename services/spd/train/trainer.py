@@ -105,13 +105,14 @@ class _HeadKL(torch.autograd.Function):
         return (grad @ w) * g, (grad.T @ (x * g)).to(ctx.weight_dtype), None, None, None
 
 
-def head_kl(pdm: PDM, h: torch.Tensor, d: torch.Tensor, top_p: torch.Tensor, chunk: int = 256):
-    """`teacher_kl(pdm.logits(h), d, top_p)` and the top-1 hits (draft argmax = d[:, 0]) for hidden
-    states h [R, w], through `_HeadKL` (the head in the autocast dtype where autocast is on)."""
-    x = pdm.norm(h)  # [R, w]
+def head_kl(draft, h: torch.Tensor, d: torch.Tensor, top_p: torch.Tensor, chunk: int = 256):
+    """`teacher_kl(draft.logits(h), d, top_p)` and the top-1 hits (draft argmax = d[:, 0]) for hidden
+    states h [R, w], through `_HeadKL` (the head in the autocast dtype where autocast is on). `draft`:
+    the PDM or the EAGLE-3 draft (both have logits = head(norm(h)))."""
+    x = draft.norm(h)  # [R, w]
     dev = x.device.type
     dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    kl, hits = _HeadKL.apply(x.to(dt), pdm.head.weight, d.clamp(min=0), teacher_probs(d, top_p), chunk)
+    kl, hits = _HeadKL.apply(x.to(dt), draft.head.weight, d.clamp(min=0), teacher_probs(d, top_p), chunk)
     return kl, int(hits)
 
 
