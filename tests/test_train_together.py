@@ -83,6 +83,35 @@ def test_a_stopped_run_resumes_to_the_result_of_an_uninterrupted_one(teacher, tm
         assert c1 == c2 and h1[-1] == h2[-1], name
 
 
+def test_an_eagle3_warm_start_begins_where_its_base_ended_and_keeps_its_provenance(teacher, tmp_path):
+    """--init-from for the EAGLE-3 draft, as for the PDM: a new run from the exported draft (its
+    weights, feature layers and vocabulary; AdamW anew) starts at the base's held-out figures, and its
+    export counts the base's tokens, also after a resume."""
+    from spd.eagle.model import EagleDraft
+
+    model_dir, cache = teacher
+    data = dict(model=str(model_dir), data=str(cache), heldout=str(cache), **COMMON)
+    base = EagleTrainConfig(feature_layers=[1, 3, 5], ttt=2, vocab=80, batch_tokens=70, epochs=3,
+                            out=str(tmp_path / "base"), **data)
+    train_plans([eagle.plan(base)])
+    _, counters, history = _result(tmp_path / "base")
+    warm = EagleTrainConfig(ttt=2, vocab=80, batch_tokens=70, epochs=1, init_from=str(tmp_path / "base" / "draft"),
+                            out=str(tmp_path / "warm"), **data)  # feature layers: the base's
+    train_plans([eagle.plan(warm)])
+    _, _, warm_history = _result(tmp_path / "warm")
+    for a, b in zip(warm_history[0]["heldout_loss"], history[-1]["heldout_loss"]):
+        assert a == pytest.approx(b, rel=0.02)  # the fp16 export
+    draft = EagleDraft.load(tmp_path / "warm" / "draft")
+    assert draft.config.feature_layers == [1, 3, 5]
+    assert torch.equal(draft.d2t, EagleDraft.load(tmp_path / "base" / "draft").d2t)
+    assert draft.config.notes["init_from"]["tokens_seen"] == counters["seen"] > 0
+    assert eagle.tokens_in_all(draft.config) == counters["seen"] + warm_history[-1]["seen"]
+    train_plans([eagle.plan(dataclasses.replace(warm, resume=True, epochs=2, notes={}))])  # a warm start resumed
+    assert EagleDraft.load(tmp_path / "warm" / "draft").config.notes["init_from"] == draft.config.notes["init_from"]
+    with pytest.raises(ValueError, match="feature-layers"):
+        eagle.plan(dataclasses.replace(warm, feature_layers=[0, 2, 5]))
+
+
 def _selfgen_dir(root, jobs: list[Job], responses: dict[int, list[int]], parts: int) -> None:
     """A self-generated id directory of `jobs` with the responses of some of them, in `parts` parts."""
     store = IdStore(root, {"split": "train", "max_prompt": 64, "seed": 0, "fingerprint": fingerprint(jobs)}, 128)

@@ -13,12 +13,13 @@ spd.train.loop.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
 import torch
 
-from spd.eagle.model import EagleDraft, default_feature_layers, random_eagle
+from spd.eagle.model import EagleConfig, EagleDraft, default_feature_layers, random_eagle
 from spd.config import EagleTrainConfig
 from spd.train.loop import Plan, RunState, Setup, train_plans
 from spd.train.trainer import head_kl, loss_rows as teacher_rows, target_to_draft, teacher_kl
@@ -175,20 +176,40 @@ class EagleStudent:
         export(self.module, path, self.cfg, self.setup.vocab_info, run, self.setup.cache)
 
     def extra_state(self) -> dict:
-        return {}
+        return {"init_from": self.cfg.notes.get("init_from")}
 
     def load_extra_state(self, state: dict) -> None:
-        pass
+        if state.get("init_from"):  # the base it started from, even if --init-from's folder has changed since
+            self.cfg.notes["init_from"] = state["init_from"]
+
+
+def tokens_in_all(config: EagleConfig) -> int:
+    """The tokens an exported draft has seen in all: its own run's plus, after a warm start, its
+    base's in all (which its notes' init_from holds)."""
+    return config.trained_tokens + int(config.notes.get("init_from", {}).get("tokens_seen") or 0)
 
 
 def plan(cfg: EagleTrainConfig) -> Plan:
-    """The draft of `cfg` as a student of a run (spd.train.loop.train_plans)."""
+    """The draft of `cfg` as a student of a run (spd.train.loop.train_plans): with --init-from, built
+    from an exported draft's weights, feature layers and vocabulary (a warm start)."""
+    init = EagleDraft.load(Path(cfg.init_from)) if cfg.init_from else None
+    if init is not None:
+        if cfg.feature_layers and list(cfg.feature_layers) != init.config.feature_layers:
+            raise ValueError(f"--feature-layers {cfg.feature_layers} differ from {cfg.init_from}'s "
+                             f"{init.config.feature_layers}")
+        cfg = dataclasses.replace(cfg, feature_layers=init.config.feature_layers, init_head=False)
 
     def build(s: Setup) -> EagleStudent:
-        return EagleStudent(cfg, make_draft(cfg, s.model_dir, s.config, s.d2t).to(cfg.device), s)
+        draft = make_draft(cfg, s.model_dir, s.config, s.d2t)
+        if init is not None:  # a warm start (a resume restores the checkpoint's provenance)
+            cfg.notes["init_from"] = {"path": cfg.init_from, "tokens_seen": tokens_in_all(init.config)}
+            if s.state is None:  # the exported weights, a fresh optimizer
+                draft.load_state_dict(init.state_dict())
+        return EagleStudent(cfg, draft.to(cfg.device), s)
 
     return Plan(cfg, ("feature_layers", "ttt", "vocab", "data"),
-                lambda config: feature_layers(cfg, config.num_hidden_layers), build)
+                lambda config: feature_layers(cfg, config.num_hidden_layers), build,
+                init.d2t if init else None, init.config.notes.get("vocab", {}) if init else {})
 
 
 def train(cfg: EagleTrainConfig) -> EagleDraft:
