@@ -148,9 +148,11 @@ def test_batched_ttt_loss_equals_the_sum_of_the_sequences_alone(tiny_dir):
         torch.testing.assert_close(b, a, atol=1e-5 * a.abs().max().item(), rtol=1e-4)
 
 
-def test_ttt_loss_through_the_fused_head_equals_the_kl_of_the_full_logits(tiny_dir):
-    """batch_ttt_loss's chunked head + KL (spd.train.trainer.head_kl) gives the loss, the step-1 hits
-    and the gradients of the definition: teacher_kl of draft.logits over each step's loss rows."""
+def test_ttt_loss_with_its_fused_head_and_windows_equals_the_kl_of_the_full_unroll(tiny_dir):
+    """batch_ttt_loss (the chunked head + KL of spd.train.trainer.head_kl; steps >= 2 only over the
+    window from the first loss row - (steps - 2) on) gives the loss, the step-1 hits and the gradients
+    of the definition: teacher_kl of draft.logits over each step's loss rows of the unroll over every
+    position."""
     from spd.eagle.train import batch_ttt_loss, loss_rows
     from spd.train.trainer import target_to_draft, teacher_kl
 

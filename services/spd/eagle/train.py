@@ -39,32 +39,50 @@ class _StepCache:
         return self.k, self.v
 
 
-def ttt_mask(T: int, j: int, device=None) -> torch.Tensor:
-    """bool [1, 1, T, j*T]: query (step j, position i), chain start t = i-j+1, sees step-1 keys at
-    positions <= t and key (step j', position t+j'-1) for j' = 2..j (its own key included, so no row
-    is empty even where t < 0)."""
-    i = torch.arange(T, device=device).unsqueeze(1)  # [T, 1]
-    p = torch.arange(T, device=device).unsqueeze(0)  # [1, T]
-    t = i - j + 1
-    blocks = [p <= t] + [p == t + jj - 1 for jj in range(2, j + 1)]
-    return torch.cat(blocks, dim=1)[None, None]
+def ttt_mask(q: torch.Tensor, T: int, j: int) -> torch.Tensor:
+    """bool [B, 1, W, T + (j-1)*W]: the query of step j at position q[b, w] (q: [B, W], consecutive
+    positions from the window's start on), chain start t = q-j+1, sees the step-1 keys (all T
+    positions cached) at positions <= t, and of the keys of steps j' = 2..j (cached over the same
+    window) the one at position t+j'-1, window index w-j+j' (its own key included, so no row is
+    empty even where t < 0)."""
+    B, W = q.shape
+    w = torch.arange(W, device=q.device)
+    blocks = [torch.arange(T, device=q.device) <= (q - j + 1)[..., None]]  # [B, W, T]
+    blocks += [(w == (w - j + jj)[:, None]).expand(B, W, W) for jj in range(2, j + 1)]
+    return torch.cat(blocks, dim=-1)[:, None]
 
 
-def ttt_hidden(draft: EagleDraft, states: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def ttt_hidden(draft: EagleDraft, states: torch.Tensor, tokens: torch.Tensor, steps: int,
+               window: tuple[torch.Tensor, int] | None = None) -> list[torch.Tensor]:
     """states: [..., T, 3, d] target features; tokens: [..., T] (one sequence, or a batch [B, T] of
     right-padded ones: a real position's keys are all at real positions, so padding needs no mask).
     Returns per step the own hidden [..., T-1, d] of draft positions 0..T-2 (position i predicts
-    x_{i+2}; rows i < j-1 of step j are meaningless)."""
-    T1 = tokens.shape[-1] - 1
-    feature = draft.fuse_states(states[..., :T1, :, :])  # [..., T1, d]
-    nxt = tokens[..., 1:]  # [..., T1] x_{i+1}
-    pos = torch.arange(T1, device=feature.device).expand(nxt.shape)  # [..., T1]
-    cache, out = _StepCache(), []
-    for j in range(1, steps + 1):
-        h = draft.hidden(feature, nxt, pos, ttt_mask(T1, j, feature.device), cache)  # [..., T1, d]
+    x_{i+2}; rows i < j-1 of step j are meaningless).
+
+    window = (start [B], W): steps >= 2 run only over positions start[b] .. start[b]+W-1 and return
+    [B, W, d] (row w = position start[b] + w; rows past a sequence's end are meaningless). Step 1
+    runs over every position (its keys are every chain's context). The rows a window leaves out
+    change no row it keeps, if no kept row of step j needs one: rows >= start+j-2 of step j need
+    rows >= start+j'-2 of the steps j' < j, so start = (first row used) - (steps - 2) keeps all."""
+    one = tokens.dim() == 1
+    if one:
+        states, tokens = states[None], tokens[None]
+    B, T1 = tokens.shape[0], tokens.shape[1] - 1
+    pos = torch.arange(T1, device=tokens.device).expand(B, T1)  # [B, T1]
+    nxt = tokens[:, 1:]  # [B, T1] x_{i+1}
+    cache = _StepCache()
+    h = draft.hidden(draft.fuse_states(states[:, :T1]), nxt, pos, ttt_mask(pos, T1, 1), cache)  # [B, T1, d]
+    out = [h]
+    if window is not None:
+        start, W = window
+        pos = (start.to(tokens.device)[:, None] + torch.arange(W, device=tokens.device)).clamp(max=T1 - 1)  # [B, W]
+    feature = h.gather(1, (pos - 1).clamp(min=0)[..., None].expand(-1, -1, h.shape[-1]))  # h_1 at i-1 (i = 0: filler)
+    nxt = nxt.gather(1, pos)
+    for j in range(2, steps + 1):
+        h = draft.hidden(feature, nxt, pos, ttt_mask(pos, T1, j), cache)  # [B, W, d]
         out.append(h)
-        feature = torch.cat([h[..., :1, :], h[..., :-1, :]], dim=-2)  # step j+1 at i takes h_j[i-1] (row 0: filler)
-    return out
+        feature = torch.cat([h[:, :1], h[:, :-1]], dim=1)  # step j+1 at i takes h_j[i-1] (the window's row 0: filler)
+    return [o[0] for o in out] if one else out
 
 
 def _prepare(seq: dict, cols: list[int], t2d: torch.Tensor, dev) -> tuple:
@@ -96,13 +114,17 @@ def batch_ttt_loss(draft: EagleDraft, seqs: list[dict], cols: list[int], t2d: to
     top_p = pad([p[3] for p in parts], batch_first=True)  # [B, T, k]
     b = torch.cat([torch.full_like(rows, n) for n, (_, rows) in enumerate(picked)])  # [R] sequence of each row
     i = torch.cat([rows for _, rows in picked])  # [R] its draft position
+    # steps >= 2 over each sequence's window from its first loss row - (steps - 2) on (not its prompt)
+    start = torch.stack([(rows[0] - (steps - 2)).clamp(min=0) for _, rows in picked])  # [B]
+    W = int(max(len(p[1]) - 1 - s for p, s in zip(parts, start.tolist())))
     kls, hits = [], 0
-    for j, h in enumerate(ttt_hidden(draft, states, tokens, steps), start=1):  # h: [B, T-1, d]
+    for j, h in enumerate(ttt_hidden(draft, states, tokens, steps, (start, W)), start=1):  # h: [B, T-1 or W, d]
         keep = i >= j - 1
         bj, ij = b[keep], i[keep]
         if len(ij) == 0:
             continue
-        kl, step_hits = head_kl(draft, h[bj, ij], ids[bj, ij + 1], top_p[bj, ij + 1])  # the PDM's fused head + KL
+        row = ij if j == 1 else ij - start[bj]  # its row of h
+        kl, step_hits = head_kl(draft, h[bj, row], ids[bj, ij + 1], top_p[bj, ij + 1])  # the PDM's fused head + KL
         kls.append(kl)
         if j == 1:
             hits = step_hits
