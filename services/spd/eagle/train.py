@@ -4,9 +4,10 @@ Step 1 runs the draft over the target features of every position i (input (f_i, 
 predicting x_{i+2}). Step j >= 2 feeds each position the draft's own step-(j-1) hidden output at
 position i-1, as inference does for the j-th draft of a chain starting at t = i-j+1; its query sees
 the step-1 keys at positions <= t and the diagonal keys of steps 2..j of its own chain (exactly the
-draft's KV cache at that point of inference). Loss at every step: KL(teacher || draft) of the token
-that step predicts, restricted to the draft vocabulary, on assistant positions whose teacher argmax
-is in the draft vocabulary, through the PDM's chunked head + KL (spd.train.trainer.head_kl).
+draft's KV cache at that point of inference); in training only over the positions a loss row
+depends on (`ttt_hidden`'s window: not the prompt). Loss at every step: KL(teacher || draft) of the
+token that step predicts, restricted to the draft vocabulary, on assistant positions whose teacher
+argmax is in the draft vocabulary, through the PDM's chunked head + KL (spd.train.trainer.head_kl).
 Budget = loss positions seen at step 1, like the PDM trainer; both are students of the one loop,
 spd.train.loop.
 """
