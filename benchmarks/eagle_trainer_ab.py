@@ -26,7 +26,7 @@ from spd.models.loading import load_config, load_tokenizer, resolve_model
 from spd.train.online import OnlineCache
 from spd.train.precision import batched_dtype
 from spd.train.trainer import target_to_draft
-from results_io import save  # noqa: E402  (benchmarks/ is on sys.path: run as a script or by `spd bench`)
+from results_io import save  # (benchmarks/ is on sys.path: run as a script or by `spd bench`)
 from train_throughput import _draft_vocab, step_groups
 
 IDS = Path("data/selfgen/SmolLM2-135M-Instruct/train")
@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     layers = list(default_feature_layers(config.num_hidden_layers))
     cache = OnlineCache(IDS, model_dir, load_tokenizer(model_dir), layers=layers)
     part = cache.shards()[args.part]
-    seqs = cache.sequences(part, list(range(0, cache.count(part), cache.count(part) // args.seqs))[: args.seqs])
+    n = cache.count(part)
+    seqs = cache.sequences(part, list(range(0, n, n // args.seqs))[: args.seqs])
     d2t = _draft_vocab(seqs, config.vocab_size, 16384)
     draft = random_eagle(config, layers, draft_ids=d2t, embed_weight=load_embedding(model_dir, config).weight)
     draft.train()
