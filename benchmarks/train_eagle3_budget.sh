@@ -7,12 +7,16 @@
 # prefill and the TTT unroll), so it checkpoints every 5 min and evaluates every 30 min; rerun the
 # same command (each session) to go on where it stopped:
 #   bash benchmarks/train_eagle3_budget.sh TOKENS [THREADS]   -> runs/eagle3-TOKENS/ (train.log, history.jsonl, draft/)
+# On a fresh machine (no runs/eagle3-TOKENS/ckpt.pt) it goes on from the committed slim checkpoint,
+# benchmarks/results/eagle3-TOKENS/ckpt-slim.pt, if there is one (bf16 weights, AdamW's moments anew).
 set -eu
 . "$(dirname "$0")/../.venv/bin/activate"
 cd "$(dirname "$0")/.."
 TOKENS=${1:?usage: train_eagle3_budget.sh TOKENS [THREADS]}
 IDS=data/selfgen/SmolLM2-135M-Instruct OUT=runs/eagle3-$TOKENS
 mkdir -p $OUT
+SLIM=benchmarks/results/eagle3-$TOKENS/ckpt-slim.pt
+if [ ! -e $OUT/ckpt.pt ] && [ ! -e $OUT/ckpt-slim.pt ] && [ -e $SLIM ]; then cp $SLIM $OUT/; fi
 exec spd --log-level INFO train --method eagle3 --ttt 4 --lr 1.5e-3 --vocab 16384 --batch-tokens 1024 \
   --tokens "$TOKENS" --data $IDS/train --heldout $IDS/heldout --eval-seqs 48 --eval-every 1800 \
   --ckpt-every 300 --threads "${2:-2}" --resume --no-progress --out $OUT >> $OUT/train.log 2>&1

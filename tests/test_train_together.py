@@ -83,6 +83,28 @@ def test_a_stopped_run_resumes_to_the_result_of_an_uninterrupted_one(teacher, tm
         assert c1 == c2 and h1[-1] == h2[-1], name
 
 
+def test_a_run_resumed_from_its_slim_checkpoint_goes_on_from_the_same_step_and_data(teacher, tmp_path):
+    """ckpt-slim.pt (bf16 weights, no optimizer state) alone resumes a stopped run: same step, data
+    position and schedule as the uninterrupted run, AdamW's moments anew, so close to its result."""
+    model_dir, cache = teacher
+    train_plans(_students(model_dir, cache, tmp_path / "one"))
+    train_plans(_students(model_dir, cache, tmp_path / "two", max_steps=4))
+    for name, key in (("pdm", "pdm"), ("eagle", "draft")):
+        run = tmp_path / "two" / name
+        full, light = (torch.load(run / f, weights_only=False) for f in ("ckpt.pt", "ckpt-slim.pt"))
+        assert "opt" not in light and {k: light[k] for k in ("step", "seen", "shard", "seq")} == \
+            {k: full[k] for k in ("step", "seen", "shard", "seq")}
+        for w, v in full[key].items():
+            assert torch.equal(light[key][w], v.to(torch.bfloat16) if v.is_floating_point() else v), w
+        (run / "ckpt.pt").unlink()
+    train_plans(_students(model_dir, cache, tmp_path / "two", resume=True))
+    for name in ("pdm", "eagle"):
+        (_, c1, h1), (_, c2, h2) = _result(tmp_path / "one" / name), _result(tmp_path / "two" / name)
+        assert c1 == c2 and h1[-1]["step"] == h2[-1]["step"], name
+        last1, last2 = np.asarray(h1[-1]["heldout_loss"]), np.asarray(h2[-1]["heldout_loss"])
+        assert not np.allclose(last1, last2, rtol=1e-6) and np.allclose(last1, last2, rtol=0.1), (name, last1, last2)
+
+
 def test_an_eagle3_warm_start_begins_where_its_base_ended_and_keeps_its_provenance(teacher, tmp_path):
     """--init-from for the EAGLE-3 draft, as for the PDM: a new run from the exported draft (its
     weights, feature layers and vocabulary; AdamW anew) starts at the base's held-out figures, and its

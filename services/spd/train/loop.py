@@ -32,6 +32,11 @@ dropped. Every student's checkpoint is written at the same moment, and a resumed
 the student furthest behind stopped, the others skipping what they have trained on. Under
 torchrun each rank reads its own shards and the ranks step together, per student
 (spd.train.ranks); rank 0 evaluates and writes.
+
+Beside it, OUT/ckpt-slim.pt is the same checkpoint with the weights in bf16 and no optimizer state:
+a sixth of the size, small enough to commit, so a long run can go on on another machine (`--resume`
+reads it where OUT/ckpt.pt is absent; AdamW's moments then start anew, the counters, data position
+and schedule go on).
 """
 
 from __future__ import annotations
@@ -115,8 +120,8 @@ def shard_order(n: int, seed: int, shard: int, epoch: int) -> list[int]:
 def load_checkpoint(cfg: LoopConfig, same: tuple[str, ...]) -> dict | None:
     """OUT/ckpt.pt when resuming (None otherwise); ValueError if it was trained with a different
     value of any config field named in `same`."""
-    path = Path(cfg.out) / "ckpt.pt"
-    if not (cfg.resume and path.exists()):
+    path = next((p for p in (Path(cfg.out) / n for n in ("ckpt.pt", "ckpt-slim.pt")) if p.exists()), None)
+    if not cfg.resume or path is None:
         return None
     state = torch.load(path, weights_only=False)
     for k in same:
@@ -230,6 +235,12 @@ def _student_setup(p: Plan, data: tuple[Path, Any, Any, Any], held_seqs: list[di
     return Setup(model_dir, config, cache, held_seqs, state, d2t, vocab_info)
 
 
+def slim(state: dict, name: str) -> dict:
+    """The checkpoint `state` without the optimizer state, the student's weights (under `name`) in bf16."""
+    weights = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state[name].items()}
+    return {**{k: v for k, v in state.items() if k != "opt"}, name: weights}
+
+
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
@@ -253,7 +264,10 @@ class _Loop:
         self.run = RunState(shard=cfg.skip_shards)
         if state is not None:
             student.module.load_state_dict(state[student.name])
-            self.opt.load_state_dict(state["opt"])
+            if "opt" in state:
+                self.opt.load_state_dict(state["opt"])
+            else:
+                log.warning("[resume] a slim checkpoint (%s): AdamW's moments start anew", self.out)
             self.run = RunState(**{f.name: state[f.name] for f in fields(RunState) if f.name in state})
             own = state.get("ranks", [{}])
             if len(own) != ranks.world:
@@ -261,7 +275,7 @@ class _Loop:
             self.run.shard, self.run.seq, self.run.epoch = (own[ranks.rank].get(k, getattr(self.run, k))
                                                             for k in ("shard", "seq", "epoch"))
             student.load_extra_state({**state, **own[ranks.rank]})
-            log.info("resuming from %s at step %d (%d tokens)", self.out / "ckpt.pt", self.run.step, self.run.seen)
+            log.info("resuming %s at step %d (%d tokens)", self.out, self.run.step, self.run.seen)
         for g in self.opt.param_groups:
             g["initial_lr"] = cfg.lr
         self.sched = self.schedule()
@@ -318,9 +332,11 @@ class _Loop:
         own = self.ranks.gather({"shard": m["shard"], "seq": m["seq"], "epoch": m["epoch"], **self.student.extra_state()})
         if not self.ranks.main:
             return
-        _atomic_save({self.student.name: self.student.module.state_dict(), "opt": self.opt.state_dict(),
-                      **asdict(self.run), "seen": m["seen"], "pending": m["pending"], **own[0], "ranks": own,
-                      **self.saved, "budget": self.budget, "cfg": asdict(self.cfg)}, self.out / "ckpt.pt")
+        state = {self.student.name: self.student.module.state_dict(), "opt": self.opt.state_dict(),
+                 **asdict(self.run), "seen": m["seen"], "pending": m["pending"], **own[0], "ranks": own,
+                 **self.saved, "budget": self.budget, "cfg": asdict(self.cfg)}
+        _atomic_save(state, self.out / "ckpt.pt")
+        _atomic_save(slim(state, self.student.name), self.out / "ckpt-slim.pt")
         self.student.export(self.out / self.student.name, self.run)
         log.info("checkpoint at step %d (%d tokens) %s", self.run.step, m["seen"], self.out)
 
