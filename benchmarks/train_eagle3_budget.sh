@@ -3,8 +3,9 @@
 # self-generated ids in the same order, features from the online teacher, with the lineage's lr,
 # schedule, V_s and batch: SPD's S0 against EAGLE-3's tau at the same training budget. At 2000000
 # tokens it is the twin of the lineage's base run (`runs/long/spd-n5-ls1`, the card's 2M PDM): same
-# flags but the method. On a 2-core CPU that takes hours (~140 tokens/s: the online teacher's fp32
-# prefill and the TTT unroll), so it checkpoints every 5 min and evaluates every 30 min; rerun the
+# flags but the method. On a 2-core CPU that takes hours (2M: 8,186 s on a Zen 4 with bf16 units,
+# ~244 tokens/s; ~140 tokens/s in fp32 on a Zen 3: the online teacher's prefill and the TTT
+# unroll), so it checkpoints every 5 min and evaluates every 30 min; rerun the
 # same command (each session) to go on where it stopped:
 #   bash benchmarks/train_eagle3_budget.sh TOKENS [THREADS]   -> runs/eagle3-TOKENS/ (train.log, history.jsonl, draft/)
 # On a fresh machine (no runs/eagle3-TOKENS/ckpt.pt) it goes on from the committed slim checkpoint,
