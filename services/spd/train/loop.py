@@ -118,8 +118,8 @@ def shard_order(n: int, seed: int, shard: int, epoch: int) -> list[int]:
 
 
 def load_checkpoint(cfg: LoopConfig, same: tuple[str, ...]) -> dict | None:
-    """OUT/ckpt.pt (else OUT/ckpt-slim.pt) when resuming (None otherwise); ValueError if it was trained with a different
-    value of any config field named in `same`."""
+    """OUT/ckpt.pt (else OUT/ckpt-slim.pt) when resuming (None otherwise); ValueError if it was
+    trained with a different value of any config field named in `same`."""
     path = next((p for p in (Path(cfg.out) / n for n in ("ckpt.pt", "ckpt-slim.pt")) if p.exists()), None)
     if not cfg.resume or path is None:
         return None
