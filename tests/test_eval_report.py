@@ -78,3 +78,25 @@ def test_every_equal_budget_run_adds_its_four_methods_smallest_budget_first(tmp_
                                        ("SPD n=5 L_s=1", "SPD n=5 L_s=2", "PPSD n=5", "EAGLE-3 k=7")]
     assert rows[2].kind == "ppsd" and rows[2].schedule == "post" and rows[3].k == 7
     assert rows[0].draft == str(tmp_path / "equal-400000" / "spd-n5-ls1" / "pdm")
+
+
+def test_every_twin_budget_adds_the_lineage_draft_ppsd_and_eagle3_reading_a_committed_draft_when_not_trained_here(tmp_path):
+    from spd.eval.methods import twin_methods
+
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    for d in (runs / "ppsd-2000000" / "pdm", results / "eagle3-2000000" / "draft", runs / "eagle3-12802091",
+              runs / "equal-400000", results / "eval-notes"):
+        d.mkdir(parents=True)
+    for d in (runs / "ppsd-2000000" / "pdm", results / "eagle3-2000000" / "draft"):
+        (d / "config.json").write_text("{}")
+    rows = twin_methods(runs, results, shipped=12802091)
+    eagles = [f"EAGLE-3 k={k}" for k in (3, 7, 15)]
+    assert [m.label for m in rows] == ([f"{x} (2.0M, {w})" for x, w in [("SPD n=5 L_s=1", "lineage"), ("PPSD n=5", "twin")]
+                                        + [(e, "twin") for e in eagles]]
+                                       + [f"{x} (12.8M, twin)" for x in ["PPSD n=5"] + eagles])  # the shipped row is 12.8M's SPD
+    by = {m.label: m for m in rows}
+    assert by["SPD n=5 L_s=1 (2.0M, lineage)"].draft == str(runs / "spd-2000000" / "pdm")
+    assert by["PPSD n=5 (2.0M, twin)"].draft == str(runs / "ppsd-2000000" / "pdm")  # trained here
+    assert by["EAGLE-3 k=7 (2.0M, twin)"].draft == str(results / "eagle3-2000000" / "draft")  # committed
+    assert by["EAGLE-3 k=15 (12.8M, twin)"].draft == str(runs / "eagle3-12802091" / "draft")  # neither: listed missing
+    assert by["PPSD n=5 (2.0M, twin)"].schedule == "post" and by["EAGLE-3 k=3 (2.0M, twin)"].k == 3

@@ -7,7 +7,10 @@ prompts, same order, lr 1.5e-3 decayed, V_s = 16384):
          without training; the shipped SPD PDM (its own budget, in its label) is an extra row.
   sweep  48k tokens: every width / depth / schedule variant (benchmarks/train_sweep.sh, runs/sweep/).
 and, for every runs/equal-<TOKENS>/ trained here (benchmarks/train_equal_budget.sh), SPD n = 5 at
-L_s = 1 and 2, PPSD n = 5 and EAGLE-3 k = 7 at that budget, from one teacher pass over one stream.
+L_s = 1 and 2, PPSD n = 5 and EAGLE-3 k = 7 at that budget, from one teacher pass over one stream;
+and, for every budget of the shipped PDM's lineage with a twin (benchmarks/train_twin.sh: the same
+self-generated ids, order and schedule, online teacher), the lineage's draft at that budget
+(benchmarks/lineage_draft.sh), PPSD n = 5 and EAGLE-3 k = 3 / 7 / 15: the main comparison's larger budgets.
 A method whose checkpoint is missing is skipped and listed as such in the report.
 """
 
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SWEEP, MAIN, RUNS = Path("runs/sweep"), Path("runs/main"), Path("runs")
+RESULTS = Path("benchmarks/results")  # where a twin's draft is committed when it is (<method>-<TOKENS>/)
+TWINS = {"spd": "pdm", "ppsd": "pdm", "eagle3": "draft"}  # run directory prefix -> its export's subdirectory
 BASELINES = Path(__file__).resolve().parents[1] / "assets" / "baselines"  # shipped baseline drafts, per model
 
 
@@ -38,13 +43,18 @@ def _main(name: str, sub: str, model: str) -> str:
     return str(local if (local / "config.json").exists() else BASELINES / model / name)
 
 
-def shipped_label(model: str = "SmolLM2-135M-Instruct") -> str:
-    """The shipped PDM's row label, with the tokens it was trained on (its config.json)."""
+def shipped_tokens(model: str = "SmolLM2-135M-Instruct") -> int:
+    """The tokens the shipped PDM has seen in all (its config.json; 0 if none is shipped)."""
     from spd.pipeline import SHIPPED_DRAFTS
+    from spd.train.trainer import tokens_in_all
 
     path = SHIPPED_DRAFTS / model / "config.json"
-    tokens = json.loads(path.read_text())["notes"].get("tokens_seen", 0) if path.exists() else 0
-    return f"SPD n=5 L_s=1 shipped ({_budget(tokens)} tok)"
+    return tokens_in_all(json.loads(path.read_text())["notes"]) if path.exists() else 0
+
+
+def shipped_label(model: str = "SmolLM2-135M-Instruct") -> str:
+    """The shipped PDM's row label, with the tokens it was trained on."""
+    return f"SPD n=5 L_s=1 shipped ({_budget(shipped_tokens(model))} tok)"
 
 
 def default_methods(model: str = "SmolLM2-135M-Instruct") -> list[Method]:
@@ -60,8 +70,8 @@ def default_methods(model: str = "SmolLM2-135M-Instruct") -> list[Method]:
     for n in (2, 3, 6, 10):
         m.append(Method(f"SPD n={n} (48k)", "spd", sweep(f"spd-n{n}-pre-ls1"), n, "pre", groups=("n",)))
     for n in (2, 3, 5, 6):
-        m.append(Method(f"PPSD n={n} (48k)", "ppsd", sweep(f"ppsd-n{n}"), n, "post", groups=("main", "n")))
-    return m + equal_budget_methods()
+        m.append(Method(f"PPSD n={n} (48k)", "ppsd", sweep(f"ppsd-n{n}"), n, "post", groups=("n",)))
+    return m + equal_budget_methods() + twin_methods(shipped=shipped_tokens(model))
 
 
 def _budget(tokens: int) -> str:
@@ -78,6 +88,29 @@ def equal_budget_methods(runs: Path = RUNS) -> list[Method]:
                 Method(f"SPD n=5 L_s=2 ({b}, equal)", "spd", str(d / "spd-n5-ls2" / "pdm"), 5, "pre"),
                 Method(f"PPSD n=5 ({b}, equal)", "ppsd", str(d / "ppsd-n5" / "pdm"), 5, "post"),
                 Method(f"EAGLE-3 k=7 ({b}, equal)", "eagle3", str(d / "eagle3" / "draft"), k=7)]
+    return out
+
+
+def twin_methods(runs: Path = RUNS, results: Path = RESULTS, shipped: int = 0) -> list[Method]:
+    """The lineage's draft and its twins at every budget with a twin here, smallest budget first. A
+    draft is read from runs/<method>-<TOKENS>/ (trained or extracted here), else from its committed
+    copy in benchmarks/results/<method>-<TOKENS>/; at the shipped PDM's own budget, its row stands
+    for the lineage's."""
+    budgets = sorted({int(t) for root in (runs, results) for d in root.glob("*-*")
+                      if (k := d.name.split("-", 1))[0] in ("ppsd", "eagle3") and (t := k[1]).isdigit()})
+
+    def draft(kind: str, tokens: int) -> str:
+        local = runs / f"{kind}-{tokens}" / TWINS[kind]
+        committed = results / f"{kind}-{tokens}" / TWINS[kind]
+        return str(committed if not (local / "config.json").exists() and (committed / "config.json").exists() else local)
+
+    out = []
+    for tokens in budgets:
+        b = _budget(tokens)
+        if tokens != shipped:
+            out.append(Method(f"SPD n=5 L_s=1 ({b}, lineage)", "spd", draft("spd", tokens), 5, "pre"))
+        out.append(Method(f"PPSD n=5 ({b}, twin)", "ppsd", draft("ppsd", tokens), 5, "post"))
+        out += [Method(f"EAGLE-3 k={k} ({b}, twin)", "eagle3", draft("eagle3", tokens), k=k) for k in (3, 7, 15)]
     return out
 
 

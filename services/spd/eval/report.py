@@ -156,7 +156,7 @@ def markdown(cfg: dict, methods: list[Method], missing: list[Method], table: dic
         where = sorted({str(Path(m.draft).parent) for m in missing})
         L += ["## Not evaluated", "", f"{len(missing)} variants have no checkpoint here ({', '.join(m.label for m in missing)}; "
               f"looked in {', '.join(f'`{w}`' for w in where)}): train them with `benchmarks/train_main.sh` / "
-              "`benchmarks/train_sweep.sh`.", ""]
+              "`benchmarks/train_sweep.sh` / `benchmarks/train_twin.sh` (the lineage's own: `benchmarks/lineage_draft.sh`).", ""]
     L += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     if "width_sweep.png" not in plots:
         L += ["(No width-sweep plot: fewer than two widths of a sweep were evaluated here.)", ""]
