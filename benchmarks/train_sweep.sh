@@ -1,36 +1,29 @@
 #!/bin/bash
-# Budget-matched PDM sweeps for the evaluation report (issue 5): every run sees the same data (the
-# self-generated ShareGPT teacher cache, in the same order) and the same budget of assistant tokens,
-# lr 1.5e-3 linearly decayed, V_s = 16384. Resumable: rerun the same command; finished runs are skipped.
-#   bash benchmarks/train_sweep.sh QUEUE [TOKENS]      QUEUE = a | b | all
-# Runs land in runs/sweep/<name>/pdm (the eval harness reads them from there).
-set -u
+# Budget-matched PDM sweeps for the evaluation report's width, depth and schedule tables: every
+# variant a student of ONE run (spd train --with), so the target's prefill of the committed
+# self-generated ids runs once for all; same sequences, order and budget of response tokens, lr
+# 1.5e-3 linearly decayed, V_s = 16384. Resumable: rerun the same command.
+#   bash benchmarks/train_sweep.sh [TOKENS] [THREADS]   -> runs/sweep/<name>/pdm (where the eval harness reads them)
+set -eu
 . "$(dirname "$0")/../.venv/bin/activate"
 cd "$(dirname "$0")/.."
-TOKENS=${2:-48000}
-declare -A RUNS=(
-  [spd-n5-pre-ls1]="--n 5 --ls 1 --schedule pre"
-  [spd-n5-post-ls1]="--n 5 --ls 1 --schedule post"
-  [spd-n5-pre-ls2]="--n 5 --ls 2 --schedule pre"
-  [spd-n2-pre-ls1]="--n 2 --ls 1 --schedule pre"
-  [spd-n3-pre-ls1]="--n 3 --ls 1 --schedule pre"
-  [spd-n6-pre-ls1]="--n 6 --ls 1 --schedule pre"
-  # n = 10: the cache holds no layer 3 or 9 (its e1, e3), so n = 10 uses n = 5's anchors
-  [spd-n10-pre-ls1]="--n 10 --ls 1 --schedule pre --anchors 0,6,18,29,30"
-  # PPSD (design §9): first-stage features only, anchors [0, e1], L_s = 1, post-step
-  [ppsd-n2]="--n 2 --ls 1 --schedule post --anchors 0,15"
-  [ppsd-n3]="--n 3 --ls 1 --schedule post --anchors 0,10"
-  [ppsd-n5]="--n 5 --ls 1 --schedule post --anchors 0,6"
-  [ppsd-n6]="--n 6 --ls 1 --schedule post --anchors 0,5"
+TOKENS=${1:-48000} IDS=data/selfgen/SmolLM2-135M-Instruct
+declare -A RUNS=(  # the students but the first (spd-n5-pre-ls1: n 5, L_s 1, pre-step, default anchors)
+  [spd-n5-post-ls1]="schedule=post"
+  [spd-n5-pre-ls2]="ls=2"
+  [spd-n2-pre-ls1]="n=2"
+  [spd-n3-pre-ls1]="n=3"
+  [spd-n6-pre-ls1]="n=6"
+  [spd-n10-pre-ls1]="n=10"
+  # PPSD (first-stage features only, anchors [0, e1], L_s = 1, post-step)
+  [ppsd-n2]="n=2 schedule=post anchors=0,15"
+  [ppsd-n3]="n=3 schedule=post anchors=0,10"
+  [ppsd-n5]="n=5 schedule=post anchors=0,6"
+  [ppsd-n6]="n=6 schedule=post anchors=0,5"
 )
-QA="spd-n5-pre-ls1 ppsd-n5 spd-n5-post-ls1 spd-n3-pre-ls1 ppsd-n3 spd-n10-pre-ls1"
-QB="spd-n2-pre-ls1 spd-n6-pre-ls1 ppsd-n6 spd-n5-pre-ls2 ppsd-n2"
-case "${1:-all}" in a) Q=$QA ;; b) Q=$QB ;; *) Q="$QA $QB" ;; esac
-for name in $Q; do
-  out=runs/sweep/$name
-  [ -f "$out/pdm/config.json" ] && { echo "[sweep] $name done"; continue; }
-  echo "[sweep] $name start $(date +%T)"
-  spd --log-level INFO train ${RUNS[$name]} --lr 1.5e-3 --tokens "$TOKENS" --vocab 16384 --batch-tokens 1024 \
-    --out "$out" --eval-seqs 24 --eval-every 100000 --ckpt-every 120 --threads 1 --resume --no-progress \
-    >> "$out.log" 2>&1 || echo "[sweep] $name FAILED (see $out.log)"
-done
+WITH=()
+for name in "${!RUNS[@]}"; do WITH+=(--with "${RUNS[$name]} out=runs/sweep/$name"); done
+mkdir -p runs/sweep
+spd --log-level INFO train --method pdm --n 5 --ls 1 --schedule pre --out runs/sweep/spd-n5-pre-ls1 "${WITH[@]}" \
+  --lr 1.5e-3 --tokens "$TOKENS" --vocab 16384 --batch-tokens 1024 --data $IDS/train --heldout $IDS/heldout \
+  --eval-seqs 24 --eval-every 100000 --ckpt-every 300 --threads "${2:-2}" --resume --no-progress >> runs/sweep/train.log 2>&1

@@ -96,8 +96,11 @@ def twin_methods(runs: Path = RUNS, results: Path = RESULTS, shipped: int = 0) -
     draft is read from runs/<method>-<TOKENS>/ (trained or extracted here), else from its committed
     copy in benchmarks/results/<method>-<TOKENS>/; at the shipped PDM's own budget, its row stands
     for the lineage's."""
-    budgets = sorted({int(t) for root in (runs, results) for d in root.glob("*-*")
-                      if (k := d.name.split("-", 1))[0] in ("ppsd", "eagle3") and (t := k[1]).isdigit()})
+    budgets: set[int] = set()
+    for d in [*runs.glob("*-*"), *results.glob("*-*")]:
+        kind, _, count = d.name.partition("-")
+        if kind in ("ppsd", "eagle3") and count.isdigit():
+            budgets.add(int(count))
 
     def draft(kind: str, tokens: int) -> str:
         local = runs / f"{kind}-{tokens}" / TWINS[kind]
@@ -105,7 +108,7 @@ def twin_methods(runs: Path = RUNS, results: Path = RESULTS, shipped: int = 0) -
         return str(committed if not (local / "config.json").exists() and (committed / "config.json").exists() else local)
 
     out = []
-    for tokens in budgets:
+    for tokens in sorted(budgets):
         b = _budget(tokens)
         if tokens != shipped:
             out.append(Method(f"SPD n=5 L_s=1 ({b}, lineage)", "spd", draft("spd", tokens), 5, "pre"))
