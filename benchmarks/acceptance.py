@@ -48,7 +48,8 @@ def main() -> None:
     ap.add_argument("--eagle", action="append", default=[], help="[LABEL=]EAGLE-3 draft directory, repeatable")
     ap.add_argument("--k", type=int, default=7, help="EAGLE-3 chain length (default 7)")
     ap.add_argument("--n", type=int, default=5)
-    ap.add_argument("--schedule", default="pre", choices=["pre", "post"])
+    ap.add_argument("--schedule", choices=["pre", "post"],
+                    help="replay every PDM at this schedule (default: each its own, from its config.json: PPSD post)")
     ap.add_argument("--prompts", type=int, default=10, help="K prompts of each set, after the skipped ones")
     ap.add_argument("--skip", type=int, default=0, help="skip each set's first S prompts (a sample beside the first K)")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -60,9 +61,9 @@ def main() -> None:
     drafters = {drafts[0][0]: local.drafter()}
     for label, path in drafts[1:]:
         pdm = PDM.load(resolve_draft(path, local.model_dir))
-        assert local.pdm is not None and pdm.config.anchors == local.pdm.config.anchors, \
-            f"{label}: every draft must read the same anchors (the target runs once for all)"
+        ensure_anchors(local.stages, list(pdm.config.anchors))  # the target runs once for all: every draft's anchors
         drafters[label] = DrafterState(pdm, local.stages[0].embed, local.split)
+    schedules = {label: args.schedule or d.pdm.config.schedule for label, d in drafters.items()}
     eagle_specs = _drafts(args.eagle)
     eagles = {}
     for label, path in eagle_specs:
@@ -80,7 +81,7 @@ def main() -> None:
             prompt = encode_prompt(local.tokenizer, messages=messages)
             generated, anchors = ar_with_anchors(local.stages, prompt, stop)
             for label, drafter in drafters.items():
-                r = replay(drafter, prompt, generated, anchors, args.schedule)
+                r = replay(drafter, prompt, generated, anchors, schedules[label])
                 c = counts[label]
                 c[:] = c[0] + r.generated_tokens, c[1] + r.cycles, c[2] + r.accepts, c[3] + r.rejects
             for label, (eagle, layers) in eagles.items():
@@ -89,19 +90,21 @@ def main() -> None:
                 c = ecounts[label]
                 c[:] = c[0] + e.generated_tokens - 1, c[1] + e.cycles, c[2] + e.accepts
         for label, (N, K, acc, rej) in counts.items():
-            rows[label][name] = {"prompts": len(chosen), "N": N, "K": K, "alpha": N / K, "S0": args.n * N / K,
+            rows[label][name] = {"prompts": len(chosen), "schedule": schedules[label], "N": N, "K": K, "alpha": N / K, "S0": args.n * N / K,
                                  "judgement_accept_rate": acc / max(acc + rej, 1), "seconds": time.perf_counter() - t0}
         for label, (D, R, acc) in ecounts.items():
             rows[label][name] = {"prompts": len(chosen), "k": args.k, "decode_tokens": D, "rounds": R, "accepts": acc,
                                  "tau": D / R}
-    result = {"n": args.n, "schedule": args.schedule, "max_tokens": args.max_tokens, "skip": args.skip,
+    schedule = args.schedule or ("mixed" if len(set(schedules.values())) > 1 else next(iter(schedules.values())))
+    result = {"n": args.n, "schedule": schedule, "max_tokens": args.max_tokens, "skip": args.skip,
               "drafts": {label: {"dir": path or "shipped", "sets": rows[label]} for label, path in drafts},
               "eagle": {label: {"dir": path, "k": args.k, "sets": rows[label]} for label, path in eagle_specs}}
-    lines = [f"n = {args.n}, {args.schedule}-step, greedy, prompts {args.skip + 1}-{args.skip + args.prompts} of each set, "
+    steps = "each PDM at its own schedule" if schedule == "mixed" else f"{schedule}-step"
+    lines = [f"n = {args.n}, {steps}, greedy, prompts {args.skip + 1}-{args.skip + args.prompts} of each set, "
              f"<= {args.max_tokens} tokens, "
              "exact replay (the target's text computed once, every draft replayed on it)",
-             "", "| draft | set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {label} | {name} | {r['N']} | {r['K']} | {r['alpha']:.3f} | {r['S0']:.2f} | {r['judgement_accept_rate']:.3f} |"
+             "", "| draft | schedule | set | N | K | alpha | S0 = n*alpha | p(accept) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {label} | {r['schedule']} | {name} | {r['N']} | {r['K']} | {r['alpha']:.3f} | {r['S0']:.2f} | {r['judgement_accept_rate']:.3f} |"
               for label, sets in rows.items() if label in drafters for name, r in sets.items()]
     if eagles:
         lines += ["", f"EAGLE-3, chain length k = {args.k}, oracle τ = decode tokens per draft–verify round (same text):", "",
