@@ -1,9 +1,10 @@
 #!/bin/bash
 # The committed evaluation report (benchmarks/results/eval/report.md), end to end, on this CPU:
 #   bash benchmarks/eval_full.sh
-# Needs the checkpoints of benchmarks/train_main.sh, benchmarks/train_sweep.sh and the shipped lineage's
-# twins, benchmarks/train_twin.sh (runs/; the EAGLE-3 twin at 2M is committed); missing ones are
-# skipped and listed in the report. The lineage's own 2M draft comes from the commit that shipped it. Component costs are measured first, alone; then the
+# Needs the checkpoints of benchmarks/train_main.sh, benchmarks/train_sweep.sh and the shipped
+# lineage's twins, benchmarks/train_twin.sh (runs/; the 2M EAGLE-3 and PPSD twins are committed);
+# missing ones are skipped and listed in the report. The lineage's own 2M draft comes from the
+# commit that shipped it. Component costs are measured first, alone; then the
 # per-set acceptance runs go two processes at a time (EAGLE-3 and AR wall-clock are measured
 # inside those, so both see the same load).
 set -eu
