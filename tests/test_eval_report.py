@@ -1,5 +1,7 @@
 """Report metrics follow design §5 from the harness's counts and the measured costs."""
 
+import json
+
 import pytest
 
 from spd.eval.methods import Method
@@ -81,14 +83,17 @@ def test_every_equal_budget_run_adds_its_four_methods_smallest_budget_first(tmp_
 
 
 def test_every_twin_budget_adds_the_lineage_draft_ppsd_and_eagle3_reading_a_committed_draft_when_not_trained_here(tmp_path):
-    from spd.eval.methods import twin_methods
+    from spd.eval.methods import available, twin_methods
 
     runs, results = tmp_path / "runs", tmp_path / "results"
-    for d in (runs / "ppsd-2000000" / "pdm", results / "eagle3-2000000" / "draft", runs / "eagle3-12802091",
-              runs / "equal-400000", results / "eval-notes"):
-        d.mkdir(parents=True)
-    for d in (runs / "ppsd-2000000" / "pdm", results / "eagle3-2000000" / "draft"):
-        (d / "config.json").write_text("{}")
+    configs = {runs / "ppsd-2000000" / "pdm": {"notes": {"tokens_seen": 2000002}},
+               results / "eagle3-2000000" / "draft": {"trained_tokens": 2000002, "notes": {}},
+               # the 12.8M EAGLE-3 twin still in training: warm from 2M, 15k tokens on
+               runs / "eagle3-12802091" / "draft": {"trained_tokens": 15419, "notes": {"init_from": {"tokens_seen": 2000002}}}}
+    for d in (*configs, runs / "equal-400000", results / "eval-notes"):
+        d.mkdir(parents=True, exist_ok=True)
+    for d, config in configs.items():
+        (d / "config.json").write_text(json.dumps(config))
     rows = twin_methods(runs, results, shipped=12802091)
     eagles = [f"EAGLE-3 k={k}" for k in (3, 7, 15)]
     assert [m.label for m in rows] == ([f"{x} (2.0M, {w})" for x, w in [("SPD n=5 L_s=1", "lineage"), ("PPSD n=5", "twin")]
@@ -99,4 +104,6 @@ def test_every_twin_budget_adds_the_lineage_draft_ppsd_and_eagle3_reading_a_comm
     assert by["PPSD n=5 (2.0M, twin)"].draft == str(runs / "ppsd-2000000" / "pdm")  # trained here
     assert by["EAGLE-3 k=7 (2.0M, twin)"].draft == str(results / "eagle3-2000000" / "draft")  # committed
     assert by["EAGLE-3 k=15 (12.8M, twin)"].draft == str(runs / "eagle3-12802091" / "draft")  # neither: listed missing
+    present, missing = available(rows)
+    assert {m.label for m in present} == {"PPSD n=5 (2.0M, twin)", *(f"{e} (2.0M, twin)" for e in eagles)}
     assert by["PPSD n=5 (2.0M, twin)"].schedule == "post" and by["EAGLE-3 k=3 (2.0M, twin)"].k == 3

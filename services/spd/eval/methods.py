@@ -35,6 +35,7 @@ class Method:
     schedule: str = "pre"  # staircase schedule (spd pre | post; ppsd is post)
     k: int = 0  # chain length (eagle3)
     groups: tuple[str, ...] = ("main",)  # report tables it appears in: main, n, ls, schedule
+    budget: int = 0  # tokens its draft must have seen in all to count (a twin's budget; 0: any)
 
 
 def _main(name: str, sub: str, model: str) -> str:
@@ -50,6 +51,16 @@ def shipped_tokens(model: str = "SmolLM2-135M-Instruct") -> int:
 
     path = SHIPPED_DRAFTS / model / "config.json"
     return tokens_in_all(json.loads(path.read_text())["notes"]) if path.exists() else 0
+
+
+def draft_tokens(draft: Path) -> int:
+    """The tokens an exported draft has seen in all (a PDM's notes count them as tokens_seen, an
+    EAGLE-3 draft's config as trained_tokens; after a warm start its base's count too)."""
+    from spd.train.trainer import tokens_in_all
+
+    config = json.loads((draft / "config.json").read_text())
+    notes = config.get("notes") or {}
+    return tokens_in_all({**notes, "tokens_seen": notes.get("tokens_seen") or config.get("trained_tokens")})
 
 
 def shipped_label(model: str = "SmolLM2-135M-Instruct") -> str:
@@ -95,7 +106,7 @@ def twin_methods(runs: Path = RUNS, results: Path = RESULTS, shipped: int = 0) -
     """The lineage's draft and its twins at every budget with a twin here, smallest budget first. A
     draft is read from runs/<method>-<TOKENS>/ (trained or extracted here), else from its committed
     copy in benchmarks/results/<method>-<TOKENS>/; at the shipped PDM's own budget, its row stands
-    for the lineage's."""
+    for the lineage's. A draft still in training (fewer tokens than its budget) counts as missing."""
     budgets: set[int] = set()
     for d in [*runs.glob("*-*"), *results.glob("*-*")]:
         kind, _, count = d.name.partition("-")
@@ -105,19 +116,22 @@ def twin_methods(runs: Path = RUNS, results: Path = RESULTS, shipped: int = 0) -
     def draft(kind: str, tokens: int) -> str:
         local = runs / f"{kind}-{tokens}" / TWINS[kind]
         committed = results / f"{kind}-{tokens}" / TWINS[kind]
-        return str(committed if not (local / "config.json").exists() and (committed / "config.json").exists() else local)
+        done = [d for d in (local, committed) if (d / "config.json").exists() and draft_tokens(d) >= tokens]
+        return str(done[0] if done else local)
 
     out = []
     for tokens in sorted(budgets):
         b = _budget(tokens)
         if tokens != shipped:
-            out.append(Method(f"SPD n=5 L_s=1 ({b}, lineage)", "spd", draft("spd", tokens), 5, "pre"))
-        out.append(Method(f"PPSD n=5 ({b}, twin)", "ppsd", draft("ppsd", tokens), 5, "post"))
-        out += [Method(f"EAGLE-3 k={k} ({b}, twin)", "eagle3", draft("eagle3", tokens), k=k) for k in (3, 7, 15)]
+            out.append(Method(f"SPD n=5 L_s=1 ({b}, lineage)", "spd", draft("spd", tokens), 5, "pre", budget=tokens))
+        out.append(Method(f"PPSD n=5 ({b}, twin)", "ppsd", draft("ppsd", tokens), 5, "post", budget=tokens))
+        out += [Method(f"EAGLE-3 k={k} ({b}, twin)", "eagle3", draft("eagle3", tokens), k=k, budget=tokens)
+                for k in (3, 7, 15)]
     return out
 
 
 def available(methods: list[Method]) -> tuple[list[Method], list[Method]]:
-    """(present, missing) by checkpoint."""
-    ok = [m for m in methods if m.draft == "shipped" or (Path(m.draft) / "config.json").exists()]
+    """(present, missing) by checkpoint: a draft still short of its budget is missing."""
+    ok = [m for m in methods if m.draft == "shipped" or (Path(m.draft) / "config.json").exists()
+          and (not m.budget or draft_tokens(Path(m.draft)) >= m.budget)]
     return ok, [m for m in methods if m not in ok]
