@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from spd.train.batch_decode import BatchDecoder, sample
+from spd.train.batch_decode import BatchDecoder, decode_attention, sample
 from tests.conftest import ar_tokens
 
 
@@ -70,3 +70,16 @@ def test_sampled_ids_follow_the_softmax_at_each_rows_temperature():
     want = torch.softmax(logits / temps[:, None], -1)
     assert (freq - want).abs().max() < 0.015  # ~4 standard errors of a frequency at n = 20k
     assert freq[1, 2] == 0
+
+
+def test_cpu_decode_attention_equals_sdpa_with_grouped_query_heads_and_a_window_mask():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 6, 1, 8, generator=g)  # [b, H, 1, D]
+    k, v = (torch.randn(4, 2, 12, 8, generator=g) for _ in range(2))  # [b, H_kv, W, D]
+    bias = torch.zeros(4, 1, 1, 12)
+    bias[0, ..., :5] = bias[2, ..., :9] = float("-inf")  # rows whose windows start later
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(decode_attention(q, k, v, bias, 0.3), want)
+    got = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias.bfloat16(), 0.3)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=0.03, rtol=0.03)

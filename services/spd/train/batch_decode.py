@@ -31,6 +31,7 @@ import contextlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,22 @@ def _attention_kernels(device: torch.device):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """One new query per row over its window, on a CPU: q [b, H, 1, D]; k, v [b, H_kv, W, D] (strided
+    views of the buffer); bias [b, 1, 1, W] -> [b, H, 1, D] in q's dtype. Query head i reads kv head
+    i // g (g = H / H_kv) in place, with scores, softmax and the weighted sum in fp32.
+
+    Two batched matmuls instead of SDPA: on a 2-core Zen 4 (avx512_bf16, no AMX), for 16 rows x 9
+    heads over a 400-column bf16 window, SDPA takes 4.6 ms and this 0.69 ms, with the same error
+    against an fp32 reference (fp32 buffers: 0.45 vs 0.40 ms)."""
+    b, H, _, D = q.shape
+    hk = k.shape[1]
+    qg = q.reshape(b, hk, H // hk, D).float()  # [b, H_kv, g, D]
+    s = torch.matmul(qg, k.float().transpose(-1, -2)) * scale + bias.float()  # [b, H_kv, g, W]
+    o = torch.matmul(torch.softmax(s, -1), v.float())  # [b, H_kv, g, D]
+    return o.reshape(b, H, 1, D).to(q.dtype)
 
 
 def sample(logits: torch.Tensor, temps: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -191,10 +208,9 @@ class BatchDecoder:
         c = self.c
         kb[:U, :, c] = k[:, :, 0]
         vb[:U, :, c] = attn.v_proj(x).view(U, hk, hd)
-        # one fused kernel per group (query head i reads kv head i // g in place)
-        o = torch.cat([F.scaled_dot_product_attention(q[a:b], kb[a:b, :, lo:c + 1], vb[a:b, :, lo:c + 1],
-                                                      attn_mask=bias[a:b, ..., lo:c + 1], scale=attn.scaling,
-                                                      enable_gqa=True)
+        # one call per group (query head i reads kv head i // g in place)
+        attend = decode_attention if self.device.type == "cpu" else partial(F.scaled_dot_product_attention, enable_gqa=True)
+        o = torch.cat([attend(q[a:b], kb[a:b, :, lo:c + 1], vb[a:b, :, lo:c + 1], bias[a:b, ..., lo:c + 1], scale=attn.scaling)
                        for a, b, lo in windows])  # [U, H, 1, D]
         h = h + attn.o_proj(o.transpose(1, 2).reshape(U, 1, -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))
