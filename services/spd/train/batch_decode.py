@@ -116,6 +116,8 @@ class BatchDecoder:
         # rows per attention call: on a CPU, groups over their own windows read less (measured: 2/3 of
         # the attention time); elsewhere one call for the batch, as before (groups not measured there)
         self.group = group or (16 if self.device.type == "cpu" else batch)
+        # a group's decode attention: fp32 matmuls on a CPU (decode_attention), SDPA elsewhere
+        self.attend = decode_attention if self.device.type == "cpu" else partial(F.scaled_dot_product_attention, enable_gqa=True)
         self.C, self.c = 0, 0  # buffer width; next column every row writes
         self.store = self.spare = torch.zeros(0, dtype=self.dtype, device=self.device)  # the two storages
         self.widest = 0  # buffer width the storages are sized for: a live row spans <= prompt + max_new
@@ -209,8 +211,7 @@ class BatchDecoder:
         kb[:U, :, c] = k[:, :, 0]
         vb[:U, :, c] = attn.v_proj(x).view(U, hk, hd)
         # one call per group (query head i reads kv head i // g in place)
-        attend = decode_attention if self.device.type == "cpu" else partial(F.scaled_dot_product_attention, enable_gqa=True)
-        o = torch.cat([attend(q[a:b], kb[a:b, :, lo:c + 1], vb[a:b, :, lo:c + 1], bias[a:b, ..., lo:c + 1], scale=attn.scaling)
+        o = torch.cat([self.attend(q[a:b], kb[a:b, :, lo:c + 1], vb[a:b, :, lo:c + 1], bias[a:b, ..., lo:c + 1], scale=attn.scaling)
                        for a, b, lo in windows])  # [U, H, 1, D]
         h = h + attn.o_proj(o.transpose(1, 2).reshape(U, 1, -1))
         return h + layer.mlp(layer.post_attention_layernorm(h))
