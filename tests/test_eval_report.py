@@ -87,9 +87,10 @@ def test_every_twin_budget_adds_the_lineage_draft_ppsd_and_eagle3_reading_a_comm
 
     runs, results = tmp_path / "runs", tmp_path / "results"
     configs = {runs / "ppsd-2000000" / "pdm": {"notes": {"tokens_seen": 2000002}},
-               results / "eagle3-2000000" / "draft": {"trained_tokens": 2000002, "notes": {}},
+               results / "eagle3-2000000" / "draft": {"kind": "eagle3", "target_hidden": 8, "trained_tokens": 2000002},
                # the 12.8M EAGLE-3 twin still in training: warm from 2M, 15k tokens on
-               runs / "eagle3-12802091" / "draft": {"trained_tokens": 15419, "notes": {"init_from": {"tokens_seen": 2000002}}}}
+               runs / "eagle3-12802091" / "draft": {"kind": "eagle3", "target_hidden": 8, "trained_tokens": 15419,
+                                                     "notes": {"init_from": {"tokens_seen": 2000002}}}}
     for d in (*configs, runs / "equal-400000", results / "eval-notes"):
         d.mkdir(parents=True, exist_ok=True)
     for d, config in configs.items():

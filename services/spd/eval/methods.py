@@ -47,20 +47,26 @@ def _main(name: str, sub: str, model: str) -> str:
 def shipped_tokens(model: str = "SmolLM2-135M-Instruct") -> int:
     """The tokens the shipped PDM has seen in all (its config.json; 0 if none is shipped)."""
     from spd.pipeline import SHIPPED_DRAFTS
-    from spd.train.trainer import tokens_in_all
 
-    path = SHIPPED_DRAFTS / model / "config.json"
-    return tokens_in_all(json.loads(path.read_text())["notes"]) if path.exists() else 0
+    draft = SHIPPED_DRAFTS / model
+    return draft_tokens(draft) if (draft / "config.json").exists() else 0
 
 
 def draft_tokens(draft: Path) -> int:
-    """The tokens an exported draft has seen in all (a PDM's notes count them as tokens_seen, an
-    EAGLE-3 draft's config as trained_tokens; after a warm start its base's count too)."""
+    """The tokens an exported draft (a PDM or an EAGLE-3 draft) has seen in all, warm starts included."""
+    from spd.eagle.model import EagleConfig
+    from spd.eagle.train import tokens_in_all as eagle_tokens_in_all
     from spd.train.trainer import tokens_in_all
 
-    config = json.loads((draft / "config.json").read_text())
-    notes = config.get("notes") or {}
-    return tokens_in_all({**notes, "tokens_seen": notes.get("tokens_seen") or config.get("trained_tokens")})
+    raw = json.loads((draft / "config.json").read_text())
+    if raw.pop("kind", None) == "eagle3":
+        return eagle_tokens_in_all(EagleConfig(**raw))
+    return tokens_in_all(raw.get("notes") or {})
+
+
+def complete(draft: Path, budget: int) -> bool:
+    """An exported draft is there and has seen `budget` tokens in all (any count when budget is 0)."""
+    return (draft / "config.json").exists() and (not budget or draft_tokens(draft) >= budget)
 
 
 def shipped_label(model: str = "SmolLM2-135M-Instruct") -> str:
@@ -116,8 +122,7 @@ def twin_methods(runs: Path = RUNS, results: Path = RESULTS, shipped: int = 0) -
     def draft(kind: str, tokens: int) -> str:
         local = runs / f"{kind}-{tokens}" / TWINS[kind]
         committed = results / f"{kind}-{tokens}" / TWINS[kind]
-        done = [d for d in (local, committed) if (d / "config.json").exists() and draft_tokens(d) >= tokens]
-        return str(done[0] if done else local)
+        return str(committed if not complete(local, tokens) and complete(committed, tokens) else local)
 
     out = []
     for tokens in sorted(budgets):
@@ -132,6 +137,5 @@ def twin_methods(runs: Path = RUNS, results: Path = RESULTS, shipped: int = 0) -
 
 def available(methods: list[Method]) -> tuple[list[Method], list[Method]]:
     """(present, missing) by checkpoint: a draft still short of its budget is missing."""
-    ok = [m for m in methods if m.draft == "shipped" or (Path(m.draft) / "config.json").exists()
-          and (not m.budget or draft_tokens(Path(m.draft)) >= m.budget)]
+    ok = [m for m in methods if m.draft == "shipped" or complete(Path(m.draft), m.budget)]
     return ok, [m for m in methods if m not in ok]
