@@ -59,6 +59,11 @@ class EagleConfig:
     def __post_init__(self):
         self.feature_layers = list(self.feature_layers)
 
+    @classmethod
+    def from_saved(cls, raw: dict) -> EagleConfig:
+        """The config of a saved draft's config.json (`EagleDraft.save`: these fields and a "kind" tag)."""
+        return cls(**{k: v for k, v in raw.items() if k != "kind"})
+
     def qwen3(self) -> Qwen3Config:
         return Qwen3Config(  # type: ignore[call-arg]  # attn_implementation is a PretrainedConfig kwarg
             vocab_size=self.draft_vocab, hidden_size=self.target_hidden, intermediate_size=self.intermediate_size,
@@ -139,10 +144,9 @@ class EagleDraft(nn.Module):
     @classmethod
     def load(cls, path: Path, embed_weight: torch.Tensor | None = None, device="cpu",
              dtype=torch.float32) -> EagleDraft:
-        raw = json.loads((Path(path) / "config.json").read_text())
-        raw.pop("kind", None)
+        config = EagleConfig.from_saved(json.loads((Path(path) / "config.json").read_text()))
         state = load_file(Path(path) / WEIGHTS)
-        draft = cls(EagleConfig(**raw), state["d2t"])
+        draft = cls(config, state["d2t"])
         draft.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
         draft = draft.to(device=device, dtype=dtype)
         if embed_weight is not None:

@@ -59,8 +59,8 @@ def draft_tokens(draft: Path) -> int:
     from spd.train.trainer import tokens_in_all
 
     raw = json.loads((draft / "config.json").read_text())
-    if raw.pop("kind", None) == "eagle3":
-        return eagle_tokens_in_all(EagleConfig(**raw))
+    if raw.get("kind") == "eagle3":
+        return eagle_tokens_in_all(EagleConfig.from_saved(raw))
     return tokens_in_all(raw.get("notes") or {})
 
 
