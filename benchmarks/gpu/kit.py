@@ -52,7 +52,8 @@ BIG = ["services/spd/assets/drafts/SmolLM2-135M-Instruct/pdm.safetensors",
        "services/spd/assets/baselines/SmolLM2-135M-Instruct/eagle3/eagle.safetensors",
        "services/spd/assets/baselines/SmolLM2-135M-Instruct/ppsd-n5/pdm.safetensors",
        "benchmarks/results/eagle3-2000000/draft/eagle.safetensors",
-       "benchmarks/results/ppsd-2000000/pdm/pdm.safetensors"]  # what `hide` untracks
+       "benchmarks/results/ppsd-2000000/pdm/pdm.safetensors",
+       "benchmarks/results/eagle3-12802091/ckpt-slim.pt"]  # what `hide` untracks
 IDS = "data/selfgen/SmolLM2-135M-Instruct/train"
 CARRY_LIMIT = 64 << 20  # bytes of working tree per call
 SHIPPED_PDM = BIG[0]  # the warm start's base (INIT=1): hidden, so carried on its own
