@@ -36,7 +36,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from spd.train.precision import cpu_flags
+from spd.train.precision import has_amx
 from spd.train.recorder import FeatureRecorder
 
 
@@ -76,11 +76,10 @@ def attention_for(device: torch.device):
     """A group's decode attention on `device`: SDPA (query head i reads kv head i // g in place) on a
     GPU and on a CPU with AMX; `decode_attention`'s fp32 matmuls on a CPU without AMX.
 
-    Measured for 16 rows x 9 heads over a 400-column bf16 window, 2 threads: with AMX (Xeon,
-    amx_bf16) SDPA 0.58 ms, fp32 matmuls 1.06 ms, bf16 matmuls 1.34 ms, and in place over the bench's
-    128 prompts the teacher's attention took 37 s against 53 s; without AMX (Zen 4) SDPA 4.6 ms
-    against 0.69 ms."""
-    if device.type == "cpu" and "amx_bf16" not in cpu_flags():
+    With AMX (Xeon, 2 threads), for 16 rows x 9 heads over a 400-column bf16 window: SDPA 0.58 ms,
+    fp32 matmuls 1.06 ms, bf16 matmuls 1.34 ms; in place over the bench's 128 prompts the teacher's
+    attention took 37 s against 53 s. Without AMX, see decode_attention (SDPA ~6.6x slower there)."""
+    if device.type == "cpu" and not has_amx():
         return decode_attention
     return partial(F.scaled_dot_product_attention, enable_gqa=True)
 

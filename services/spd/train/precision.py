@@ -28,6 +28,12 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
 
 
+def has_amx() -> bool:
+    """Whether the CPU has AMX bf16 tiles (Intel Xeon): there bf16 SDPA beats fp32 matmuls for the
+    teacher's decode attention (spd.train.batch_decode.attention_for)."""
+    return "amx_bf16" in cpu_flags()
+
+
 def batched_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     """bf16 on a GPU that has it and on a CPU with bf16 units; fp32 elsewhere."""
     kind = torch.device(device).type
