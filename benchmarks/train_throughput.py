@@ -251,7 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads for every measurement (default 2)")
     ap.add_argument("--train-seqs", type=int, default=48, help="sequences per trainer pass (default 48)")
     ap.add_argument("--train-passes", type=int, default=2, help="timed trainer passes, after an untimed one (default 2)")
-    ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    ap.add_argument("--out", default="benchmarks/results/train_throughput/this-machine.json",
+                    help="where the run goes; a kept run is renamed for its machine (see train_throughput_hosts)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(None)

@@ -78,7 +78,8 @@ def attention_for(device: torch.device):
 
     With AMX (Xeon, 2 threads), for 16 rows x 9 heads over a 400-column bf16 window: SDPA 0.58 ms,
     fp32 matmuls 1.06 ms, bf16 matmuls 1.34 ms; in place over the bench's 128 prompts the teacher's
-    attention took 37 s against 53 s. Without AMX, see decode_attention (SDPA ~6.6x slower there)."""
+    attention took 37 s against 53 s. Without AMX, see decode_attention (SDPA ~6.6x slower there;
+    on a Zen 5, 3.1 ms against its 0.53)."""
     if device.type == "cpu" and not has_amx():
         return decode_attention
     return partial(F.scaled_dot_product_attention, enable_gqa=True)
