@@ -22,7 +22,8 @@ def row(host: str, run: dict) -> dict:
     stages = {name: (run[name]["old"][key], run[name]["new"][key]) for name, key in
               (("teacher", "tokens_per_s"), ("trainer", "positions_per_s"), ("eagle3_trainer", "positions_per_s"))
               if name in run}
-    return {"host": host, "bf16_units": units, "gemm_gflops": cpu.get("gemm_gflops", cpu.get("bf16_gemm_gflops")),
+    gemm = cpu.get("gemm_gflops", cpu.get("bf16_gemm_gflops"))  # (its name in runs before 4543865)
+    return {"host": host, "bf16_units": units, "gemm_gflops": gemm,
             "read_gb_s": cpu["read_gb_s"], "prompts": run["prompts"],
             "teacher_ceiling_tok_s": cpu["teacher_ceiling_tok_s"],
             "ceiling_reached": teacher["new"]["tokens_per_s"] / cpu["teacher_ceiling_tok_s"], "stages": stages}
